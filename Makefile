@@ -1,0 +1,23 @@
+# contrib-style PGXS Makefile for the idempotency extension
+#
+# make && make install        build and install into the pg_config found on PATH
+# make installcheck           pg_regress (sql/) and isolation (specs/) tests
+#                             against the server named by PGHOST/PGPORT
+# scripts/test.sh             the whole suite on a throwaway cluster (what CI runs)
+
+MODULE_big = idempotency
+OBJS = \
+	$(WIN32RES) \
+	idempotency.o
+
+EXTENSION = idempotency
+DATA = idempotency--1.0.sql
+PGFILEDESC = "idempotency - exactly-once write endpoints from SQL"
+
+# Test files run in name order; their numeric prefixes give that order.
+REGRESS = $(sort $(basename $(notdir $(wildcard sql/*.sql))))
+ISOLATION = $(sort $(basename $(notdir $(wildcard specs/*.spec))))
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)

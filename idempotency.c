@@ -1,0 +1,1171 @@
+/*-------------------------------------------------------------------------
+ *
+ * idempotency.c
+ *		Exactly-once write endpoints: idempotency keys claimed, completed,
+ *		replayed and released from SQL.
+ *
+ * A record is identified by (scope, key) and lives in idempotency.records, a
+ * table range-partitioned on expires_at.  The SQL contract these functions
+ * implement is README.md (and the team's API.md); this file is the "how".
+ *
+ * Uniqueness.  A partitioned table cannot carry a unique index on (scope,
+ * key) without the partition key, so uniqueness of the live record is this
+ * module's job.  Every write of a (scope, key) -- claim, takeover, complete,
+ * release -- is made while holding a transaction-level ExclusiveLock on a
+ * lock tag derived from (database, hash of scope and key), and only after a
+ * look across the live partitions made under that lock with the latest
+ * snapshot.  Because the lock is held until the writing transaction ends,
+ * a second claimant blocks until the first has committed or rolled back,
+ * and then sees its outcome.  The tag is an advisory-type tag whose fourth
+ * field is IDEM_LOCKTAG_CLASS; the user-facing pg_advisory_* functions only
+ * ever use 1 or 2 there, so they can never collide with ours.  A hash
+ * collision between two keys only makes them wait for each other.
+ *
+ * Reads without the lock.  A live completed record never changes and a
+ * record's non-NULL request hash never changes, so idem_acquire answers
+ * "replay" and "mismatch" from a plain MVCC read, without taking the lock.
+ *
+ * Waiting.  A duplicate of a claim still running waits up to
+ * idempotency.wait_timeout.  While the claiming transaction is open, the
+ * wait is a real heavyweight-lock wait (no CPU, woken at once when the
+ * holder ends, visible in pg_locks, covered by deadlock detection); its
+ * timeout is implemented with PostgreSQL's own lock_timeout machinery inside
+ * a subtransaction, entered only when the lock is contended.  Once the claim
+ * is committed as 'processing' (lease mode, across transactions) nobody
+ * holds the lock, so the duplicate sleeps on its latch in short, growing
+ * steps and looks again.  Both waits answer query cancel, statement_timeout
+ * and lock_timeout.
+ *
+ * Snapshots.  Under REPEATABLE READ or SERIALIZABLE, a record visible to the
+ * latest snapshot but not to the transaction's snapshot was committed after
+ * the snapshot was taken: acting on it, or ignoring it, would break either
+ * isolation or idempotency, so we raise serialization_failure.
+ *
+ * Clock.  "Now" is the server's clock at the time of the call
+ * (clock_timestamp()), not the transaction's start: expiry and leases follow
+ * the database's clock even inside long transactions.
+ *
+ * All SQL run here is prepared once per backend, kept with SPI_keepplan, and
+ * schema-qualifies every name and operator, so the caller's search_path
+ * cannot change what it does.
+ *
+ * IDENTIFICATION
+ *	  idempotency.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <limits.h>
+
+#include "access/detoast.h"
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "common/cryptohash.h"
+#include "common/hashfn.h"
+#include "common/int.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/latch.h"
+#include "storage/lmgr.h"
+#include "storage/lock.h"
+#include "storage/proc.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/jsonb.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+PG_MODULE_MAGIC;
+
+#if PG_VERSION_NUM < 160000
+void		_PG_init(void);
+#endif
+
+/* Largest key and scope, in bytes */
+#define IDEM_MAX_KEY_BYTES		255
+
+/* locktag_field4 of our key locks; user advisory locks use 1 and 2 */
+#define IDEM_LOCKTAG_CLASS		0x4944
+
+/* Sleep steps while waiting for a committed claim to complete, in ms */
+#define IDEM_POLL_MIN_MS		2
+#define IDEM_POLL_MAX_MS		50
+
+#define SHA256_DIGEST_BYTES		32
+
+/* GUC variables */
+static int	idem_default_ttl = 24 * 60 * 60;	/* seconds */
+static int	idem_max_ttl = 7 * 24 * 60 * 60;	/* seconds */
+static int	idem_default_lease = 60;	/* seconds */
+static int	idem_wait_timeout = 3000;	/* milliseconds */
+static int	idem_max_response_bytes = 1024 * 1024;	/* bytes */
+
+/*
+ * The prepared statements.  Parameters $1 and $2 are always scope and key.
+ * The ones that change a record name it by (scope, key, expires_at): an
+ * expired record of the same key has an earlier expires_at, and the exact
+ * expires_at lets run-time pruning keep a single partition.
+ */
+typedef enum IdemPlanId
+{
+	IDEM_PLAN_LOOKUP,
+	IDEM_PLAN_INSERT,
+	IDEM_PLAN_TAKEOVER,
+	IDEM_PLAN_COMPLETE,
+	IDEM_PLAN_DELETE,
+	IDEM_NUM_PLANS
+} IdemPlanId;
+
+/* Columns of IDEM_PLAN_LOOKUP's result, 1-based as SPI_getbinval wants */
+enum
+{
+	LCOL_XMIN = 1,
+	LCOL_STATUS,
+	LCOL_REQUEST_HASH,
+	LCOL_RESPONSE_STATUS,
+	LCOL_RESPONSE_BODY,
+	LCOL_ATTEMPT,
+	LCOL_CREATED_AT,
+	LCOL_LOCKED_UNTIL,
+	LCOL_COMPLETED_AT,
+	LCOL_EXPIRES_AT
+};
+
+typedef struct IdemPlanDef
+{
+	const char *sql;
+	int			nargs;
+	Oid			argtypes[6];
+} IdemPlanDef;
+
+static const IdemPlanDef idem_plan_defs[IDEM_NUM_PLANS] = {
+	[IDEM_PLAN_LOOKUP] = {
+		"SELECT r.xmin, r.status, r.request_hash, r.response_status,"
+		" r.response_body, r.attempt, r.created_at, r.locked_until,"
+		" r.completed_at, r.expires_at"
+		" FROM idempotency.records r"
+		" WHERE r.scope OPERATOR(pg_catalog.=) $1"
+		" AND r.key OPERATOR(pg_catalog.=) $2"
+		" AND r.expires_at OPERATOR(pg_catalog.>) $3"
+		" LIMIT 1",
+		3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
+	},
+	[IDEM_PLAN_INSERT] = {
+		"INSERT INTO idempotency.records"
+		" (scope, key, status, request_hash, attempt, created_at,"
+		" locked_until, expires_at)"
+		" VALUES ($1, $2, 'processing', $3, 1, $4, $5, $6)",
+		6, {TEXTOID, TEXTOID, BYTEAOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+		TIMESTAMPTZOID}
+	},
+	[IDEM_PLAN_TAKEOVER] = {
+		"UPDATE idempotency.records r"
+		" SET attempt = $4, locked_until = $5,"
+		" request_hash = COALESCE(r.request_hash, $6)"
+		" WHERE r.scope OPERATOR(pg_catalog.=) $1"
+		" AND r.key OPERATOR(pg_catalog.=) $2"
+		" AND r.expires_at OPERATOR(pg_catalog.=) $3",
+		6, {TEXTOID, TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID,
+		BYTEAOID}
+	},
+	[IDEM_PLAN_COMPLETE] = {
+		"UPDATE idempotency.records r"
+		" SET status = 'completed', response_status = $4,"
+		" response_body = $5, completed_at = $6"
+		" WHERE r.scope OPERATOR(pg_catalog.=) $1"
+		" AND r.key OPERATOR(pg_catalog.=) $2"
+		" AND r.expires_at OPERATOR(pg_catalog.=) $3",
+		6, {TEXTOID, TEXTOID, TIMESTAMPTZOID, INT4OID, JSONBOID,
+		TIMESTAMPTZOID}
+	},
+	[IDEM_PLAN_DELETE] = {
+		"DELETE FROM idempotency.records r"
+		" WHERE r.scope OPERATOR(pg_catalog.=) $1"
+		" AND r.key OPERATOR(pg_catalog.=) $2"
+		" AND r.expires_at OPERATOR(pg_catalog.=) $3",
+		3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
+	},
+};
+
+/* Plans prepared in this backend, kept across transactions */
+static SPIPlanPtr idem_plans[IDEM_NUM_PLANS];
+
+/*
+ * The live record of a (scope, key), as the lookup saw it.  Pass-by-reference
+ * fields point into SPI's result and are valid until the next SPI call or
+ * SPI_finish.
+ */
+typedef struct IdemRecord
+{
+	bool		found;
+	TransactionId xmin;
+	bool		completed;
+	bool		hash_null;
+	Datum		request_hash;
+	bool		status_null;
+	int32		response_status;
+	bool		body_null;
+	Datum		response_body;
+	int32		attempt;
+	TimestampTz created_at;
+	bool		locked_until_null;
+	TimestampTz locked_until;
+	bool		completed_at_null;
+	TimestampTz completed_at;
+	TimestampTz expires_at;
+} IdemRecord;
+
+/* Outcomes of idem_acquire */
+typedef enum IdemOutcome
+{
+	IDEM_ACQUIRED,
+	IDEM_REPLAY,
+	IDEM_IN_PROGRESS,
+	IDEM_MISMATCH
+} IdemOutcome;
+
+static const char *const idem_outcome_names[] = {
+	[IDEM_ACQUIRED] = "acquired",
+	[IDEM_REPLAY] = "replay",
+	[IDEM_IN_PROGRESS] = "in_progress",
+	[IDEM_MISMATCH] = "mismatch",
+};
+
+PG_FUNCTION_INFO_V1(idem_acquire);
+PG_FUNCTION_INFO_V1(idem_complete);
+PG_FUNCTION_INFO_V1(idem_release);
+PG_FUNCTION_INFO_V1(idem_lookup);
+PG_FUNCTION_INFO_V1(idem_request_hash);
+
+
+/*
+ * Module load: define the settings.
+ *
+ * Time settings take PostgreSQL's units, so '24h' and '7d' work and a bare
+ * number means seconds (milliseconds for wait_timeout).  The two limits that
+ * protect the server from its users are superuser-only.
+ */
+void
+_PG_init(void)
+{
+	DefineCustomIntVariable("idempotency.default_ttl",
+							"Time to live of a record when idem_acquire is given no ttl.",
+							NULL,
+							&idem_default_ttl,
+							24 * 60 * 60, 1, INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_ttl",
+							"Largest time to live that idem_acquire accepts.",
+							NULL,
+							&idem_max_ttl,
+							7 * 24 * 60 * 60, 1, INT_MAX,
+							PGC_SUSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.default_lease",
+							"Lease of a claim when idem_acquire is given none.",
+							"The lease is capped at the record's time to live.",
+							&idem_default_lease,
+							60, 1, INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.wait_timeout",
+							"How long idem_acquire waits for a duplicate claim in progress to finish.",
+							"Zero answers in_progress at once.",
+							&idem_wait_timeout,
+							3000, 0, INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_response_bytes",
+							"Largest response_body that idem_complete stores, as pg_column_size() measures it.",
+							NULL,
+							&idem_max_response_bytes,
+							1024 * 1024, 1, MaxAllocSize,
+							PGC_SUSET,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("idempotency");
+}
+
+
+/* ----------------------------------------------------------------
+ * Argument checks
+ *
+ * Every check runs before anything is locked or written, so bad input leaves
+ * no trace.
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Return argument argno, the key (is_key) or the scope, after checking it:
+ * not NULL, at most IDEM_MAX_KEY_BYTES bytes, and for the key not empty.
+ */
+static text *
+idem_check_ident(FunctionCallInfo fcinfo, int argno, bool is_key)
+{
+	const char *what = is_key ? "key" : "scope";
+	text	   *t;
+	size_t		len;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("idempotency %s must not be null", what),
+				 is_key ? 0 : errhint("Use '' for the default scope.")));
+
+	t = PG_GETARG_TEXT_PP(argno);
+	len = VARSIZE_ANY_EXHDR(t);
+
+	if (is_key && len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency key must not be empty")));
+	if (len > IDEM_MAX_KEY_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency %s is too long", what),
+				 errdetail("It has %zu bytes; the limit is %d.",
+						   len, IDEM_MAX_KEY_BYTES)));
+	return t;
+}
+
+/*
+ * Length of an interval in microseconds, counting a day as 24 hours and a
+ * month as 30 days as interval comparison does.  Returns false on overflow.
+ */
+static bool
+idem_interval_usecs(const Interval *span, int64 *result)
+{
+	int64		days;
+	int64		usecs;
+
+	if (pg_mul_s64_overflow((int64) span->month, DAYS_PER_MONTH, &days) ||
+		pg_add_s64_overflow(days, (int64) span->day, &days) ||
+		pg_mul_s64_overflow(days, USECS_PER_DAY, &usecs) ||
+		pg_add_s64_overflow(usecs, span->time, &usecs))
+		return false;
+	*result = usecs;
+	return true;
+}
+
+/*
+ * Check the ttl and lease arguments (argument numbers ttl_arg and lease_arg,
+ * NULL meaning the settings) and return both as microseconds.
+ */
+static void
+idem_check_ttl_lease(FunctionCallInfo fcinfo, int ttl_arg, int lease_arg,
+					 int64 *ttl_usecs, int64 *lease_usecs)
+{
+	int64		max_usecs = (int64) idem_max_ttl * USECS_PER_SEC;
+	int64		ttl;
+	int64		lease;
+
+	if (PG_ARGISNULL(ttl_arg))
+	{
+		ttl = (int64) idem_default_ttl * USECS_PER_SEC;
+		if (ttl > max_usecs)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("idempotency.default_ttl is larger than idempotency.max_ttl"),
+					 errhint("Pass a ttl, or lower idempotency.default_ttl.")));
+	}
+	else if (!idem_interval_usecs(PG_GETARG_INTERVAL_P(ttl_arg), &ttl) ||
+			 ttl <= 0 || ttl > max_usecs)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl must be greater than zero and at most idempotency.max_ttl"),
+				 errdetail("idempotency.max_ttl is %d seconds.", idem_max_ttl)));
+
+	if (PG_ARGISNULL(lease_arg))
+		lease = Min((int64) idem_default_lease * USECS_PER_SEC, ttl);
+	else if (!idem_interval_usecs(PG_GETARG_INTERVAL_P(lease_arg), &lease) ||
+			 lease <= 0 || lease > ttl)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be greater than zero and at most the ttl")));
+
+	*ttl_usecs = ttl;
+	*lease_usecs = lease;
+}
+
+/*
+ * Check the attempt argument: NULL (any attempt) or a positive number.
+ */
+static bool
+idem_check_attempt(FunctionCallInfo fcinfo, int argno, int32 *attempt)
+{
+	if (PG_ARGISNULL(argno))
+		return false;
+	*attempt = PG_GETARG_INT32(argno);
+	if (*attempt < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("attempt must be a positive number")));
+	return true;
+}
+
+
+/* ----------------------------------------------------------------
+ * Request hash
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * SHA-256 of jsonb's canonical text, as a freshly palloc'd bytea.
+ *
+ * JsonbToCString produces exactly jsonb_out's text, which is what the
+ * contract hashes, so the result equals
+ * sha256(convert_to(request::text, 'UTF8')).  jsonb text is in the database
+ * encoding; in a non-UTF-8 database it is converted first.
+ */
+static bytea *
+idem_hash_jsonb(Jsonb *jb)
+{
+	StringInfoData buf;
+	char	   *text;
+	size_t		len;
+	pg_cryptohash_ctx *ctx;
+	bytea	   *result;
+
+	initStringInfo(&buf);
+	JsonbToCString(&buf, &jb->root, VARSIZE(jb));
+	text = pg_server_to_any(buf.data, buf.len, PG_UTF8);
+	len = (text == buf.data) ? (size_t) buf.len : strlen(text);
+
+	result = (bytea *) palloc(VARHDRSZ + SHA256_DIGEST_BYTES);
+	SET_VARSIZE(result, VARHDRSZ + SHA256_DIGEST_BYTES);
+
+	ctx = pg_cryptohash_create(PG_SHA256);
+	if (pg_cryptohash_init(ctx) < 0 ||
+		pg_cryptohash_update(ctx, (const uint8 *) text, len) < 0 ||
+		pg_cryptohash_final(ctx, (uint8 *) VARDATA(result),
+							SHA256_DIGEST_BYTES) < 0)
+		elog(ERROR, "could not compute SHA-256 hash: %s",
+			 pg_cryptohash_error(ctx));
+	pg_cryptohash_free(ctx);
+
+	if (text != buf.data)
+		pfree(text);
+	pfree(buf.data);
+	return result;
+}
+
+/*
+ * idem_request_hash(request jsonb) returns bytea
+ */
+Datum
+idem_request_hash(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BYTEA_P(idem_hash_jsonb(PG_GETARG_JSONB_P(0)));
+}
+
+/*
+ * Do a stored hash and a request's hash disagree?  Where either is NULL
+ * (no payload check asked for) there is no mismatch.
+ */
+static bool
+idem_hash_mismatch(const IdemRecord *rec, const bytea *hash)
+{
+	bytea	   *stored;
+
+	if (rec->hash_null || hash == NULL)
+		return false;
+	stored = DatumGetByteaPP(rec->request_hash);
+	return VARSIZE_ANY_EXHDR(stored) != VARSIZE_ANY_EXHDR(hash) ||
+		memcmp(VARDATA_ANY(stored), VARDATA_ANY(hash),
+			   VARSIZE_ANY_EXHDR(hash)) != 0;
+}
+
+
+/* ----------------------------------------------------------------
+ * The key lock
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Build the lock tag of (scope, key) in this database.
+ */
+static void
+idem_key_locktag(LOCKTAG *tag, text *scope, text *key)
+{
+	uint64		h;
+
+	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(scope),
+							VARSIZE_ANY_EXHDR(scope), 0);
+	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(key),
+							VARSIZE_ANY_EXHDR(key), h);
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
+						 IDEM_LOCKTAG_CLASS);
+}
+
+/*
+ * Acquire or release the key lock on behalf of the current (sub)transaction.
+ *
+ * The lock is a transaction lock, but it is made the current transaction
+ * level's resource owner's rather than the running portal's, so that it
+ * stays releasable by idem_unlock_key after the subtransaction of
+ * idem_lock_key_timed has handed it to its parent.
+ */
+static LockAcquireResult
+idem_lock_acquire(const LOCKTAG *tag, bool dontWait)
+{
+	ResourceOwner save_owner = CurrentResourceOwner;
+	LockAcquireResult result;
+
+	CurrentResourceOwner = CurTransactionResourceOwner;
+	result = LockAcquire(tag, ExclusiveLock, false, dontWait);
+	CurrentResourceOwner = save_owner;
+	return result;
+}
+
+static void
+idem_unlock_key(const LOCKTAG *tag)
+{
+	ResourceOwner save_owner = CurrentResourceOwner;
+
+	CurrentResourceOwner = CurTransactionResourceOwner;
+	LockRelease(tag, ExclusiveLock, false);
+	CurrentResourceOwner = save_owner;
+}
+
+/*
+ * Take the key lock, waiting as long as needed (lock_timeout, cancel and
+ * deadlock detection apply as to any lock).  Used by the functions that
+ * change a record the caller already owns.
+ */
+static void
+idem_lock_key(const LOCKTAG *tag)
+{
+	(void) idem_lock_acquire(tag, false);
+}
+
+/*
+ * Take the key lock, waiting at most timeout_ms.  Returns false if it could
+ * not be had in time.
+ *
+ * The uncontended case costs one lock-table probe.  Otherwise we wait in the
+ * lock manager's own queue, with lock_timeout temporarily set to our
+ * timeout, inside a subtransaction so that the lock timeout error can be
+ * caught and turned into "not acquired".  If the caller's own lock_timeout
+ * is shorter it is left in charge and its error reaches the caller, as for
+ * any lock.  Any other error (cancel, statement_timeout, deadlock) is
+ * re-thrown unchanged.
+ */
+static bool
+idem_lock_key_timed(const LOCKTAG *tag, int timeout_ms)
+{
+	MemoryContext oldcontext = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	int			save_lock_timeout = LockTimeout;
+	volatile bool acquired = false;
+
+	if (idem_lock_acquire(tag, true) != LOCKACQUIRE_NOT_AVAIL)
+		return true;
+	if (timeout_ms <= 0)
+		return false;
+	if (LockTimeout > 0 && LockTimeout <= timeout_ms)
+	{
+		idem_lock_key(tag);
+		return true;
+	}
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcontext);
+
+	PG_TRY();
+	{
+		LockTimeout = timeout_ms;
+		idem_lock_key(tag);
+		LockTimeout = save_lock_timeout;
+
+		/* the lock passes to the parent transaction */
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+		acquired = true;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		LockTimeout = save_lock_timeout;
+		MemoryContextSwitchTo(oldcontext);
+		edata = CopyErrorData();
+		FlushErrorState();
+
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+
+		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+			ReThrowError(edata);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+
+	return acquired;
+}
+
+
+/* ----------------------------------------------------------------
+ * SPI helpers
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Return the plan for id, preparing and keeping it on first use.
+ *
+ * Plans are generic from the start: their parameters never change their
+ * shape, and it spares five rounds of custom planning per backend.
+ */
+static SPIPlanPtr
+idem_plan(IdemPlanId id)
+{
+	if (idem_plans[id] == NULL)
+	{
+		const IdemPlanDef *def = &idem_plan_defs[id];
+		SPIPlanPtr	plan;
+
+		plan = SPI_prepare_cursor(def->sql, def->nargs,
+								  (Oid *) def->argtypes,
+								  CURSOR_OPT_GENERIC_PLAN);
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare_cursor failed for \"%s\": %s",
+				 def->sql, SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		idem_plans[id] = plan;
+	}
+	return idem_plans[id];
+}
+
+/*
+ * Run a prepared statement that must affect exactly one row.
+ */
+static void
+idem_exec_one(IdemPlanId id, Datum *values, const char *nulls, int expected)
+{
+	int			rc;
+
+	rc = SPI_execute_plan(idem_plan(id), values, nulls, false, 0);
+	if (rc != expected || SPI_processed != 1)
+		elog(ERROR, "idempotency: statement %d returned %s with " UINT64_FORMAT " rows",
+			 (int) id, SPI_result_code_string(rc), SPI_processed);
+}
+
+/*
+ * Read the live record of (scope, key) as of now into *rec.
+ *
+ * latest = false reads with the snapshot a query of the caller would use.
+ * latest = true reads with the latest snapshot, as needed under the key lock
+ * to see the outcome of the transaction we may just have waited for; under
+ * REPEATABLE READ or SERIALIZABLE a record found that way but invisible to
+ * the transaction's snapshot raises serialization_failure.
+ */
+static void
+idem_lookup_record(text *scope, text *key, TimestampTz now, bool latest,
+				   IdemRecord *rec)
+{
+	Datum		values[3];
+	TupleDesc	desc;
+	HeapTuple	tuple;
+	bool		isnull;
+	int			rc;
+
+	values[0] = PointerGetDatum(scope);
+	values[1] = PointerGetDatum(key);
+	values[2] = TimestampTzGetDatum(now);
+
+	if (latest)
+		rc = SPI_execute_snapshot(idem_plan(IDEM_PLAN_LOOKUP), values, NULL,
+								  GetLatestSnapshot(), InvalidSnapshot,
+								  false, false, 1);
+	else
+		rc = SPI_execute_plan(idem_plan(IDEM_PLAN_LOOKUP), values, NULL,
+							  false, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "idempotency: record lookup returned %s",
+			 SPI_result_code_string(rc));
+
+	memset(rec, 0, sizeof(IdemRecord));
+	if (SPI_processed == 0)
+		return;
+
+	desc = SPI_tuptable->tupdesc;
+	tuple = SPI_tuptable->vals[0];
+
+	rec->found = true;
+	rec->xmin = DatumGetTransactionId(SPI_getbinval(tuple, desc, LCOL_XMIN, &isnull));
+	rec->completed =
+		VARDATA_ANY(DatumGetTextPP(SPI_getbinval(tuple, desc, LCOL_STATUS, &isnull)))[0] == 'c';
+	rec->request_hash = SPI_getbinval(tuple, desc, LCOL_REQUEST_HASH, &rec->hash_null);
+	rec->response_status =
+		DatumGetInt32(SPI_getbinval(tuple, desc, LCOL_RESPONSE_STATUS, &rec->status_null));
+	rec->response_body = SPI_getbinval(tuple, desc, LCOL_RESPONSE_BODY, &rec->body_null);
+	rec->attempt = DatumGetInt32(SPI_getbinval(tuple, desc, LCOL_ATTEMPT, &isnull));
+	rec->created_at =
+		DatumGetTimestampTz(SPI_getbinval(tuple, desc, LCOL_CREATED_AT, &isnull));
+	rec->locked_until =
+		DatumGetTimestampTz(SPI_getbinval(tuple, desc, LCOL_LOCKED_UNTIL, &rec->locked_until_null));
+	rec->completed_at =
+		DatumGetTimestampTz(SPI_getbinval(tuple, desc, LCOL_COMPLETED_AT, &rec->completed_at_null));
+	rec->expires_at =
+		DatumGetTimestampTz(SPI_getbinval(tuple, desc, LCOL_EXPIRES_AT, &isnull));
+
+	if (latest && IsolationUsesXactSnapshot() &&
+		!TransactionIdIsCurrentTransactionId(rec->xmin) &&
+		XidInMVCCSnapshot(rec->xmin, GetTransactionSnapshot()))
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access due to concurrent claim of idempotency key \"%s\"",
+						text_to_cstring(key)),
+				 errdetail("The record was written by a transaction that committed after this transaction's snapshot was taken."),
+				 errhint("Retry the transaction.")));
+}
+
+/*
+ * ereport the "no live record" error of idem_complete.
+ */
+static void
+idem_no_record_error(text *scope, text *key)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NO_DATA_FOUND),
+			 errmsg("no live idempotency record for key \"%s\" in scope \"%s\"",
+					text_to_cstring(key), text_to_cstring(scope)),
+			 errhint("Claim the key with idem_acquire first; a record that has expired or was released cannot be completed.")));
+}
+
+/*
+ * ereport the error for a claim that was taken over by a later attempt.
+ */
+static void
+idem_attempt_error(text *key, int32 given, const IdemRecord *rec)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("attempt %d of idempotency key \"%s\" is no longer current",
+					given, text_to_cstring(key)),
+			 errdetail("The record is at attempt %d: its lease ran out and the claim was taken over.",
+					   rec->attempt),
+			 errhint("Do not report this attempt's result; the current attempt will.")));
+}
+
+
+/* ----------------------------------------------------------------
+ * idem_acquire
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Decide the outcome of acquire from a visible record, without writing.
+ * Returns true with *outcome set where the record settles it (replay or
+ * mismatch); a processing record with a matching hash does not.
+ */
+static bool
+idem_settled(const IdemRecord *rec, const bytea *hash, IdemOutcome *outcome)
+{
+	if (!rec->found)
+		return false;
+	if (idem_hash_mismatch(rec, hash))
+	{
+		*outcome = IDEM_MISMATCH;
+		return true;
+	}
+	if (rec->completed)
+	{
+		*outcome = IDEM_REPLAY;
+		return true;
+	}
+	return false;
+}
+
+/*
+ * idem_acquire(key, request, scope, ttl, lease)
+ *		returns table (outcome, response_status, response_body, attempt,
+ *					   expires_at)
+ *
+ * Always exactly one row.  See the file header for the locking protocol.
+ */
+Datum
+idem_acquire(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	text	   *key;
+	text	   *scope;
+	bytea	   *hash = NULL;
+	int64		ttl;
+	int64		lease;
+	LOCKTAG		tag;
+	TimestampTz start;
+	TimestampTz deadline;
+	TimestampTz now;
+	IdemRecord	rec;
+	IdemOutcome outcome;
+	bool		have_record = false;
+	int			poll_ms = IDEM_POLL_MIN_MS;
+	Datum		values[5];
+	bool		nulls[5];
+
+	/* Check everything before touching anything */
+	key = idem_check_ident(fcinfo, 0, true);
+	scope = idem_check_ident(fcinfo, 2, false);
+	idem_check_ttl_lease(fcinfo, 3, 4, &ttl, &lease);
+	if (!PG_ARGISNULL(1))
+		hash = idem_hash_jsonb(PG_GETARG_JSONB_P(1));
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+
+	start = GetCurrentTimestamp();
+	deadline = TimestampTzPlusMilliseconds(start, idem_wait_timeout);
+
+	/* A completed record, or a mismatching one, answers without the lock. */
+	idem_lookup_record(scope, key, start, false, &rec);
+	if (idem_settled(&rec, hash, &outcome))
+	{
+		have_record = true;
+		goto done;
+	}
+
+	idem_key_locktag(&tag, scope, key);
+	for (;;)
+	{
+		long		remaining_ms;
+
+		now = GetCurrentTimestamp();
+		remaining_ms = TimestampDifferenceMilliseconds(now, deadline);
+
+		if (!idem_lock_key_timed(&tag, (int) Min(remaining_ms, INT_MAX)))
+		{
+			/*
+			 * The claiming transaction is still open after wait_timeout.  What
+			 * it has committed before (a processing record being completed
+			 * or taken over) may still settle the answer.
+			 */
+			idem_lookup_record(scope, key, GetCurrentTimestamp(), false, &rec);
+			have_record = rec.found;
+			if (!idem_settled(&rec, hash, &outcome))
+				outcome = IDEM_IN_PROGRESS;
+			break;
+		}
+
+		/* We hold the key lock: nobody else can change this key now. */
+		now = GetCurrentTimestamp();
+		idem_lookup_record(scope, key, now, true, &rec);
+		have_record = rec.found;
+
+		if (!rec.found)
+		{
+			Datum		ivalues[6];
+			char		inulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+
+			ivalues[0] = PointerGetDatum(scope);
+			ivalues[1] = PointerGetDatum(key);
+			ivalues[2] = PointerGetDatum(hash);
+			if (hash == NULL)
+				inulls[2] = 'n';
+			ivalues[3] = TimestampTzGetDatum(now);
+			ivalues[4] = TimestampTzGetDatum(now + lease);
+			ivalues[5] = TimestampTzGetDatum(now + ttl);
+			idem_exec_one(IDEM_PLAN_INSERT, ivalues, inulls, SPI_OK_INSERT);
+
+			rec.found = true;
+			rec.attempt = 1;
+			rec.expires_at = now + ttl;
+			have_record = true;
+			outcome = IDEM_ACQUIRED;
+			break;
+		}
+
+		/*
+		 * Replay, mismatch, or our own claim from earlier in this
+		 * transaction: nothing to write, so let the next duplicate in now
+		 * rather than at our commit.
+		 */
+		if (idem_settled(&rec, hash, &outcome) ||
+			TransactionIdIsCurrentTransactionId(rec.xmin))
+		{
+			if (!rec.completed && !idem_hash_mismatch(&rec, hash))
+				outcome = IDEM_IN_PROGRESS;
+			idem_unlock_key(&tag);
+			break;
+		}
+
+		/* Its lease has run out: take it over. */
+		if (rec.locked_until_null || rec.locked_until <= now)
+		{
+			Datum		tvalues[6];
+			char		tnulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+
+			tvalues[0] = PointerGetDatum(scope);
+			tvalues[1] = PointerGetDatum(key);
+			tvalues[2] = TimestampTzGetDatum(rec.expires_at);
+			tvalues[3] = Int32GetDatum(rec.attempt + 1);
+			tvalues[4] = TimestampTzGetDatum(Min(now + lease, rec.expires_at));
+			tvalues[5] = PointerGetDatum(hash);
+			if (hash == NULL)
+				tnulls[5] = 'n';
+			idem_exec_one(IDEM_PLAN_TAKEOVER, tvalues, tnulls, SPI_OK_UPDATE);
+
+			rec.attempt++;
+			outcome = IDEM_ACQUIRED;
+			break;
+		}
+
+		/*
+		 * Committed, still processing, lease still running: the lease holder
+		 * is working across transactions.  Let go of the key lock, so that
+		 * its idem_complete can get in, and look again in a moment.
+		 */
+		idem_unlock_key(&tag);
+
+		remaining_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
+													   deadline);
+		if (remaining_ms <= 0)
+		{
+			outcome = IDEM_IN_PROGRESS;
+			break;
+		}
+		(void) WaitLatch(MyLatch,
+						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 Min(remaining_ms, poll_ms),
+						 PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+		poll_ms = Min(poll_ms * 2, IDEM_POLL_MAX_MS);
+	}
+
+done:
+	memset(nulls, true, sizeof(nulls));
+	values[0] = CStringGetTextDatum(idem_outcome_names[outcome]);
+	nulls[0] = false;
+	if (outcome == IDEM_REPLAY)
+	{
+		values[1] = Int32GetDatum(rec.response_status);
+		nulls[1] = rec.status_null;
+		values[2] = rec.response_body;
+		nulls[2] = rec.body_null;
+	}
+	if (have_record)
+	{
+		values[3] = Int32GetDatum(rec.attempt);
+		nulls[3] = false;
+		values[4] = TimestampTzGetDatum(rec.expires_at);
+		nulls[4] = false;
+	}
+	/* the tuplestore copies the values, so SPI's memory may go after this */
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+
+	SPI_finish();
+	return (Datum) 0;
+}
+
+
+/* ----------------------------------------------------------------
+ * idem_complete, idem_release
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * idem_complete(key, response_status, response_body, scope, attempt)
+ *		returns boolean
+ *
+ * True when it turned the processing record into completed; false when the
+ * record was completed already.  No live record: P0002.  A given attempt
+ * that is not the record's: 55000, checked before the completed case.
+ */
+Datum
+idem_complete(PG_FUNCTION_ARGS)
+{
+	text	   *key;
+	text	   *scope;
+	int32		status;
+	int32		attempt = 0;
+	bool		check_attempt;
+	LOCKTAG		tag;
+	TimestampTz now;
+	IdemRecord	rec;
+	bool		result;
+
+	key = idem_check_ident(fcinfo, 0, true);
+	scope = idem_check_ident(fcinfo, 3, false);
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("response_status must not be null")));
+	status = PG_GETARG_INT32(1);
+	if (status < 100 || status > 599)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("response_status %d is not an HTTP status code", status),
+				 errhint("Use a status from 100 to 599.")));
+	if (!PG_ARGISNULL(2))
+	{
+		Size		size = toast_datum_size(PG_GETARG_DATUM(2));
+
+		if (size > (Size) idem_max_response_bytes)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("response_body is too large"),
+					 errdetail("It takes %zu bytes; idempotency.max_response_bytes is %d.",
+							   size, idem_max_response_bytes)));
+	}
+	check_attempt = idem_check_attempt(fcinfo, 4, &attempt);
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+
+	idem_key_locktag(&tag, scope, key);
+	idem_lock_key(&tag);
+
+	now = GetCurrentTimestamp();
+	idem_lookup_record(scope, key, now, true, &rec);
+	if (!rec.found)
+		idem_no_record_error(scope, key);
+	if (check_attempt && attempt != rec.attempt)
+		idem_attempt_error(key, attempt, &rec);
+
+	if (rec.completed)
+		result = false;
+	else
+	{
+		Datum		values[6];
+		char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+
+		values[0] = PointerGetDatum(scope);
+		values[1] = PointerGetDatum(key);
+		values[2] = TimestampTzGetDatum(rec.expires_at);
+		values[3] = Int32GetDatum(status);
+		values[4] = PG_ARGISNULL(2) ? (Datum) 0 : PG_GETARG_DATUM(2);
+		if (PG_ARGISNULL(2))
+			nulls[4] = 'n';
+		values[5] = TimestampTzGetDatum(now);
+		idem_exec_one(IDEM_PLAN_COMPLETE, values, nulls, SPI_OK_UPDATE);
+		result = true;
+	}
+
+	SPI_finish();
+	PG_RETURN_BOOL(result);
+}
+
+/*
+ * idem_release(key, scope, attempt) returns boolean
+ *
+ * Removes a live processing record, so that the next claim is attempt 1.
+ * False where there is none; a completed record is never released.  A given
+ * attempt that is not the record's: 55000, checked before the completed case.
+ */
+Datum
+idem_release(PG_FUNCTION_ARGS)
+{
+	text	   *key;
+	text	   *scope;
+	int32		attempt = 0;
+	bool		check_attempt;
+	LOCKTAG		tag;
+	IdemRecord	rec;
+	bool		result = false;
+
+	key = idem_check_ident(fcinfo, 0, true);
+	scope = idem_check_ident(fcinfo, 1, false);
+	check_attempt = idem_check_attempt(fcinfo, 2, &attempt);
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+
+	idem_key_locktag(&tag, scope, key);
+	idem_lock_key(&tag);
+
+	idem_lookup_record(scope, key, GetCurrentTimestamp(), true, &rec);
+	if (rec.found)
+	{
+		if (check_attempt && attempt != rec.attempt)
+			idem_attempt_error(key, attempt, &rec);
+		if (!rec.completed)
+		{
+			Datum		values[3];
+
+			values[0] = PointerGetDatum(scope);
+			values[1] = PointerGetDatum(key);
+			values[2] = TimestampTzGetDatum(rec.expires_at);
+			idem_exec_one(IDEM_PLAN_DELETE, values, NULL, SPI_OK_DELETE);
+			result = true;
+		}
+	}
+
+	SPI_finish();
+	PG_RETURN_BOOL(result);
+}
+
+
+/* ----------------------------------------------------------------
+ * idem_lookup
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * idem_lookup(key, scope) returns table (status, request_hash, ...)
+ *
+ * The live record, or no row.  Never waits, never writes: a plain read with
+ * the caller's snapshot, no key lock.
+ */
+Datum
+idem_lookup(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	text	   *key;
+	text	   *scope;
+	IdemRecord	rec;
+
+	key = idem_check_ident(fcinfo, 0, true);
+	scope = idem_check_ident(fcinfo, 1, false);
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+
+	idem_lookup_record(scope, key, GetCurrentTimestamp(), false, &rec);
+	if (rec.found)
+	{
+		Datum		values[9];
+		bool		nulls[9];
+
+		memset(nulls, false, sizeof(nulls));
+		values[0] = CStringGetTextDatum(rec.completed ? "completed" : "processing");
+		values[1] = rec.request_hash;
+		nulls[1] = rec.hash_null;
+		values[2] = Int32GetDatum(rec.response_status);
+		nulls[2] = rec.status_null;
+		values[3] = rec.response_body;
+		nulls[3] = rec.body_null;
+		values[4] = Int32GetDatum(rec.attempt);
+		values[5] = TimestampTzGetDatum(rec.created_at);
+		values[6] = TimestampTzGetDatum(rec.locked_until);
+		nulls[6] = rec.locked_until_null;
+		values[7] = TimestampTzGetDatum(rec.completed_at);
+		nulls[7] = rec.completed_at_null;
+		values[8] = TimestampTzGetDatum(rec.expires_at);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+
+	SPI_finish();
+	return (Datum) 0;
+}
