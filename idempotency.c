@@ -104,6 +104,8 @@ static int	idem_max_ttl = 7 * 24 * 60 * 60;	/* seconds */
 static int	idem_default_lease = 60;	/* seconds */
 static int	idem_wait_timeout = 3000;	/* milliseconds */
 static int	idem_max_response_bytes = 1024 * 1024;	/* bytes */
+static int	idem_partition_interval = 24 * 60 * 60;	/* seconds */
+static int	idem_maintenance_lock_timeout = 100;	/* milliseconds */
 
 /*
  * The prepared statements.  Parameters $1 and $2 are always scope and key.
@@ -296,6 +298,28 @@ _PG_init(void)
 							1024 * 1024, 1, MaxAllocSize,
 							PGC_SUSET,
 							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	/*
+	 * The partition settings are read by idem_maintain (SQL); they are
+	 * defined here because the prefix is reserved.
+	 */
+	DefineCustomIntVariable("idempotency.partition_interval",
+							"Width of the partitions of idempotency.records that maintenance creates.",
+							"Wider partitions mean fewer partitions for each call to look in, narrower ones free disk sooner after records expire.",
+							&idem_partition_interval,
+							24 * 60 * 60, 1, 31 * 24 * 60 * 60,
+							PGC_SUSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.maintenance_lock_timeout",
+							"How long maintenance waits for a lock on idempotency.records before leaving the work to its next run.",
+							NULL,
+							&idem_maintenance_lock_timeout,
+							100, 1, INT_MAX,
+							PGC_SUSET,
+							GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idempotency");
@@ -817,6 +841,7 @@ idem_acquire(PG_FUNCTION_ARGS)
 	IdemRecord	rec;
 	IdemOutcome outcome;
 	bool		have_record = false;
+	bool		locked;
 	int			poll_ms = IDEM_POLL_MIN_MS;
 	Datum		values[5];
 	bool		nulls[5];
@@ -835,35 +860,46 @@ idem_acquire(PG_FUNCTION_ARGS)
 
 	start = GetCurrentTimestamp();
 	deadline = TimestampTzPlusMilliseconds(start, idem_wait_timeout);
+	idem_key_locktag(&tag, scope, key);
 
-	/* A completed record, or a mismatching one, answers without the lock. */
-	idem_lookup_record(scope, key, start, false, &rec);
-	if (idem_settled(&rec, hash, &outcome))
+	/*
+	 * Uncontended, take the key lock at once: one look under it settles
+	 * everything.  Contended, first look without it, since a completed or
+	 * mismatching record answers at once (the lock holder cannot change it).
+	 */
+	locked = idem_lock_acquire(&tag, true) != LOCKACQUIRE_NOT_AVAIL;
+	if (!locked)
 	{
-		have_record = true;
-		goto done;
+		idem_lookup_record(scope, key, start, false, &rec);
+		if (idem_settled(&rec, hash, &outcome))
+		{
+			have_record = true;
+			goto done;
+		}
 	}
 
-	idem_key_locktag(&tag, scope, key);
 	for (;;)
 	{
 		long		remaining_ms;
 
-		now = GetCurrentTimestamp();
-		remaining_ms = TimestampDifferenceMilliseconds(now, deadline);
-
-		if (!idem_lock_key_timed(&tag, (int) Min(remaining_ms, INT_MAX)))
+		if (!locked)
 		{
-			/*
-			 * The claiming transaction is still open after wait_timeout.  What
-			 * it has committed before (a processing record being completed
-			 * or taken over) may still settle the answer.
-			 */
-			idem_lookup_record(scope, key, GetCurrentTimestamp(), false, &rec);
-			have_record = rec.found;
-			if (!idem_settled(&rec, hash, &outcome))
-				outcome = IDEM_IN_PROGRESS;
-			break;
+			remaining_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
+														   deadline);
+			if (!idem_lock_key_timed(&tag, (int) Min(remaining_ms, INT_MAX)))
+			{
+				/*
+				 * The claiming transaction is still open after wait_timeout.
+				 * What it committed before (a processing record now being
+				 * completed or taken over) may still settle the answer.
+				 */
+				idem_lookup_record(scope, key, GetCurrentTimestamp(), false, &rec);
+				have_record = rec.found;
+				if (!idem_settled(&rec, hash, &outcome))
+					outcome = IDEM_IN_PROGRESS;
+				break;
+			}
+			locked = true;
 		}
 
 		/* We hold the key lock: nobody else can change this key now. */
@@ -935,6 +971,7 @@ idem_acquire(PG_FUNCTION_ARGS)
 		 * its idem_complete can get in, and look again in a moment.
 		 */
 		idem_unlock_key(&tag);
+		locked = false;
 
 		remaining_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
 													   deadline);
