@@ -243,6 +243,7 @@ PG_FUNCTION_INFO_V1(idem_complete);
 PG_FUNCTION_INFO_V1(idem_release);
 PG_FUNCTION_INFO_V1(idem_lookup);
 PG_FUNCTION_INFO_V1(idem_request_hash);
+PG_FUNCTION_INFO_V1(idem_maintenance_settings);
 
 
 /*
@@ -1205,4 +1206,48 @@ idem_lookup(PG_FUNCTION_ARGS)
 
 	SPI_finish();
 	return (Datum) 0;
+}
+
+
+/* ----------------------------------------------------------------
+ * Settings for maintenance
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Return an interval of the given number of seconds.
+ */
+static Interval *
+idem_seconds_interval(int secs)
+{
+	Interval   *result = (Interval *) palloc0(sizeof(Interval));
+
+	result->time = (int64) secs * USECS_PER_SEC;
+	return result;
+}
+
+/*
+ * maintenance_settings() returns (partition_interval interval,
+ *		max_ttl interval, lock_timeout_ms int)
+ *
+ * idem_maintain is SQL and may run in a session (a pg_cron job's) that has
+ * not loaded this library yet, where current_setting() would not know our
+ * settings.  Calling this loads the library and answers with the values in
+ * force.
+ */
+Datum
+idem_maintenance_settings(PG_FUNCTION_ARGS)
+{
+	TupleDesc	tupdesc;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+
+	values[0] = IntervalPGetDatum(idem_seconds_interval(idem_partition_interval));
+	values[1] = IntervalPGetDatum(idem_seconds_interval(idem_max_ttl));
+	values[2] = Int32GetDatum(idem_maintenance_lock_timeout);
+
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }
