@@ -78,6 +78,7 @@
 #include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/snapmgr.h"
+#include "utils/timeout.h"
 #include "utils/timestamp.h"
 
 PG_MODULE_MAGIC;
@@ -588,7 +589,10 @@ idem_lock_key(const LOCKTAG *tag)
  * caught and turned into "not acquired".  If the caller's own lock_timeout
  * is shorter it is left in charge and its error reaches the caller, as for
  * any lock.  Any other error (cancel, statement_timeout, deadlock) is
- * re-thrown unchanged.
+ * re-thrown unchanged, and a statement timeout that fired together with our
+ * lock timeout is raised rather than lost.  (A query cancel that arrives in
+ * the same instant as our timeout is indistinguishable from it and is lost;
+ * the caller gets in_progress.)
  */
 static bool
 idem_lock_key_timed(const LOCKTAG *tag, int timeout_ms)
@@ -615,6 +619,8 @@ idem_lock_key_timed(const LOCKTAG *tag, int timeout_ms)
 	{
 		LockTimeout = timeout_ms;
 		idem_lock_key(tag);
+		/* a lock timeout that fired just as the lock was granted lands here */
+		CHECK_FOR_INTERRUPTS();
 		LockTimeout = save_lock_timeout;
 
 		/* the lock passes to the parent transaction */
@@ -639,6 +645,17 @@ idem_lock_key_timed(const LOCKTAG *tag, int timeout_ms)
 		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
 			ReThrowError(edata);
 		FreeErrorData(edata);
+
+		/*
+		 * When the statement timeout fired too, the interrupt handler
+		 * reported only the lock timeout, which came first, and cleared
+		 * both.  The statement timer is active for the whole statement
+		 * unless it has fired, so its being inactive tells us.
+		 */
+		if (StatementTimeout > 0 && !get_timeout_active(STATEMENT_TIMEOUT))
+			ereport(ERROR,
+					(errcode(ERRCODE_QUERY_CANCELED),
+					 errmsg("canceling statement due to statement timeout")));
 	}
 	PG_END_TRY();
 
@@ -693,13 +710,29 @@ idem_exec_one(IdemPlanId id, Datum *values, const char *nulls, int expected)
 }
 
 /*
+ * ereport the serialization failure of a key changed after the transaction's
+ * snapshot was taken.
+ */
+static void
+idem_serialization_error(text *key)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("could not serialize access due to concurrent change of idempotency key \"%s\"",
+					text_to_cstring(key)),
+			 errdetail("The key's record was changed by a transaction that committed after this transaction's snapshot was taken."),
+			 errhint("Retry the transaction.")));
+}
+
+/*
  * Read the live record of (scope, key) as of now into *rec.
  *
  * latest = false reads with the snapshot a query of the caller would use.
  * latest = true reads with the latest snapshot, as needed under the key lock
  * to see the outcome of the transaction we may just have waited for; under
  * REPEATABLE READ or SERIALIZABLE a record found that way but invisible to
- * the transaction's snapshot raises serialization_failure.
+ * the transaction's snapshot, or a record the transaction's snapshot sees
+ * but that is gone now, raises serialization_failure.
  */
 static void
 idem_lookup_record(text *scope, text *key, TimestampTz now, bool latest,
@@ -728,7 +761,25 @@ idem_lookup_record(text *scope, text *key, TimestampTz now, bool latest,
 
 	memset(rec, 0, sizeof(IdemRecord));
 	if (SPI_processed == 0)
+	{
+		/*
+		 * Nothing live now.  Under REPEATABLE READ or SERIALIZABLE, if the
+		 * transaction's snapshot still sees a record (one released after the
+		 * snapshot was taken), a new claim would leave two records visible
+		 * to this transaction.
+		 */
+		if (latest && IsolationUsesXactSnapshot())
+		{
+			rc = SPI_execute_plan(idem_plan(IDEM_PLAN_LOOKUP), values, NULL,
+								  false, 1);
+			if (rc != SPI_OK_SELECT)
+				elog(ERROR, "idempotency: record lookup returned %s",
+					 SPI_result_code_string(rc));
+			if (SPI_processed > 0)
+				idem_serialization_error(key);
+		}
 		return;
+	}
 
 	desc = SPI_tuptable->tupdesc;
 	tuple = SPI_tuptable->vals[0];
@@ -754,12 +805,7 @@ idem_lookup_record(text *scope, text *key, TimestampTz now, bool latest,
 	if (latest && IsolationUsesXactSnapshot() &&
 		!TransactionIdIsCurrentTransactionId(rec->xmin) &&
 		XidInMVCCSnapshot(rec->xmin, GetTransactionSnapshot()))
-		ereport(ERROR,
-				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-				 errmsg("could not serialize access due to concurrent claim of idempotency key \"%s\"",
-						text_to_cstring(key)),
-				 errdetail("The record was written by a transaction that committed after this transaction's snapshot was taken."),
-				 errhint("Retry the transaction.")));
+		idem_serialization_error(key);
 }
 
 /*
@@ -1081,7 +1127,11 @@ idem_complete(PG_FUNCTION_ARGS)
 		idem_attempt_error(key, attempt, &rec);
 
 	if (rec.completed)
+	{
+		/* nothing written: do not make duplicates wait for our commit */
+		idem_unlock_key(&tag);
 		result = false;
+	}
 	else
 	{
 		Datum		values[6];
@@ -1147,6 +1197,9 @@ idem_release(PG_FUNCTION_ARGS)
 			result = true;
 		}
 	}
+	/* nothing written: do not make duplicates wait for our commit */
+	if (!result)
+		idem_unlock_key(&tag);
 
 	SPI_finish();
 	PG_RETURN_BOOL(result);
