@@ -1,0 +1,231 @@
+# shellcheck shell=bash
+# scripts/common.sh -- shared set-up for scripts/test.sh and scripts/demo.sh
+#
+# Sourced, not run.  Works under `set -euo pipefail`, as root on Debian 12.
+#
+#   install_deps     apt-get install what is missing (nothing when all is there)
+#   build_install    make && make install against PostgreSQL 15
+#   start_cluster    throwaway cluster as the postgres OS user, in a fresh
+#                    temporary folder, on a free port of 127.0.0.1; exports
+#                    PGHOST PGPORT PGUSER PGDATABASE; a trap on EXIT stops it
+#   stop_cluster     stop the server and remove its folder (also run by the trap)
+#
+# Debian's own cluster (15/main on 5432), if any, is never touched.
+
+PG_BINDIR=/usr/lib/postgresql/15/bin
+PG_CONFIG=$PG_BINDIR/pg_config
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# postgresql-server-dev-15 does not pull in the compiler and make that PGXS
+# calls, so a bare Debian 12 needs them too.
+IDEM_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-cron
+               postgresql-contrib make gcc libipc-run-perl)
+
+# IDEM_QUIET=1: keep the output of apt, make and initdb in a file and show it
+# only when a step fails (the demo wants a short report).
+IDEM_QUIET=${IDEM_QUIET:-0}
+
+IDEM_TMPDIR=
+IDEM_PGDATA=
+IDEM_SERVER_LOG=
+
+log() { printf '==> %s\n' "$*"; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# run_step DESCRIPTION COMMAND...: run a noisy command, straight through, or
+# (IDEM_QUIET=1) into a file that is printed only if the command fails.
+run_step() {
+	local what=$1 out rc=0
+	shift
+	if [[ $IDEM_QUIET != 1 ]]; then
+		"$@" || die "$what failed (exit $?)"
+		return 0
+	fi
+	out=$(mktemp "${TMPDIR:-/tmp}/idempotency-step.XXXXXX")
+	"$@" >"$out" 2>&1 || rc=$?
+	if ((rc != 0)); then
+		cat "$out" >&2
+		rm -f "$out"
+		die "$what failed (exit $rc)"
+	fi
+	rm -f "$out"
+}
+
+# as_postgres COMMAND...: run as the postgres OS user (the server refuses
+# root), from a folder it may enter.
+as_postgres() {
+	if [[ $(id -un) == postgres ]]; then
+		(cd "${IDEM_TMPDIR:-/}" && "$@")
+	else
+		(cd "${IDEM_TMPDIR:-/}" && runuser -u postgres -- "$@")
+	fi
+}
+
+install_deps() {
+	local p missing=()
+	for p in "${IDEM_PACKAGES[@]}"; do
+		if [[ $(dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null) != ii* ]]; then
+			missing+=("$p")
+		fi
+	done
+	if ((${#missing[@]} == 0)); then
+		log "packages: all present"
+		return 0
+	fi
+	((EUID == 0)) || die "missing packages (${missing[*]}); run as root to install them"
+	log "installing packages: ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	run_step "apt-get update" apt-get update -q
+	run_step "apt-get install" apt-get install -y -q "${IDEM_PACKAGES[@]}"
+	[[ -x $PG_CONFIG ]] || die "$PG_CONFIG missing after install"
+}
+
+build_install() {
+	local out rc=0 warnings
+	log "building the extension (make PG_CONFIG=$PG_CONFIG)"
+	out=$(make -C "$REPO_ROOT" PG_CONFIG="$PG_CONFIG" 2>&1) || rc=$?
+	if [[ $IDEM_QUIET != 1 || $rc != 0 ]]; then
+		printf '%s\n' "$out"
+	fi
+	((rc == 0)) || die "make failed (exit $rc)"
+	warnings=$(grep -c 'warning:' <<<"$out" || true)
+	if ((warnings > 0)); then
+		log "compiler warnings: $warnings"
+		[[ $IDEM_QUIET == 1 ]] && grep 'warning:' <<<"$out"
+	fi
+	run_step "make install" make -C "$REPO_ROOT" PG_CONFIG="$PG_CONFIG" install
+}
+
+# _idem_port_in_use PORT: true if a TCP socket of this machine uses PORT.
+_idem_port_in_use() {
+	local port=$1
+	if command -v ss >/dev/null 2>&1; then
+		[[ -n $(ss -Htan "( sport = :$port )" 2>/dev/null) ]]
+	else
+		(exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null
+	fi
+}
+
+# free_port: a TCP port that nothing uses now, below the kernel's ephemeral
+# range (32768 up) so that outgoing connections do not take it meanwhile.
+free_port() {
+	local port
+	for _ in $(seq 1 200); do
+		port=$((20000 + RANDOM % 12000))
+		if ! _idem_port_in_use "$port"; then
+			echo "$port"
+			return 0
+		fi
+	done
+	die "no free TCP port found"
+}
+
+# start_cluster [fast]: "fast" turns fsync off (tests only).
+start_cluster() {
+	local mode=${1:-} base locale try port rc
+
+	id postgres >/dev/null 2>&1 || die "no postgres OS user (is postgresql-15 installed?)"
+	# The postgres user must reach the folder, and the socket path must stay
+	# short (about 100 bytes at most): else /tmp.
+	base=${TMPDIR:-/tmp}
+	if ((${#base} > 60)) || ! (cd / && runuser -u postgres -- test -x "$base" -a -d "$base") 2>/dev/null; then
+		base=/tmp
+	fi
+	IDEM_TMPDIR=$(mktemp -d "$base/idempotency.XXXXXX")
+	trap _idem_on_exit EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+	trap 'exit 129' HUP
+	chown postgres: "$IDEM_TMPDIR"
+	chmod 700 "$IDEM_TMPDIR"
+	IDEM_PGDATA=$IDEM_TMPDIR/data
+	IDEM_SERVER_LOG=$IDEM_TMPDIR/server.log
+	as_postgres mkdir "$IDEM_TMPDIR/socket"
+
+	locale=C
+	if locale -a 2>/dev/null | grep -qix 'c\.utf-\?8'; then
+		locale=C.UTF-8
+	fi
+	log "initdb in $IDEM_TMPDIR (as postgres, trust, UTF8, locale $locale)"
+	IDEM_QUIET=1 run_step initdb as_postgres "$PG_BINDIR/initdb" -D "$IDEM_PGDATA" \
+		--auth=trust --username=postgres --encoding=UTF8 --locale="$locale" --no-sync
+
+	cat >>"$IDEM_PGDATA/postgresql.conf" <<-EOF
+
+		# throwaway cluster of scripts/common.sh
+		listen_addresses = '127.0.0.1'
+		unix_socket_directories = '$IDEM_TMPDIR/socket'
+		shared_preload_libraries = 'pg_cron'
+		cron.database_name = 'postgres'
+		max_connections = 100
+	EOF
+	if [[ $mode == fast ]]; then
+		cat >>"$IDEM_PGDATA/postgresql.conf" <<-EOF
+			fsync = off
+			synchronous_commit = off
+			full_page_writes = off
+		EOF
+	fi
+
+	# The port is free when chosen, but could be taken before the server
+	# binds it: then try another.
+	for try in 1 2 3 4 5; do
+		port=$(free_port)
+		rc=0
+		as_postgres "$PG_BINDIR/pg_ctl" start -w -t 60 -D "$IDEM_PGDATA" \
+			-l "$IDEM_SERVER_LOG" -o "-p $port" >/dev/null 2>&1 || rc=$?
+		if ((rc == 0)); then
+			break
+		fi
+		if ! grep -q 'Address already in use' "$IDEM_SERVER_LOG" 2>/dev/null || ((try == 5)); then
+			cat "$IDEM_SERVER_LOG" >&2 2>/dev/null || true
+			die "the server did not start (pg_ctl exit $rc)"
+		fi
+		log "port $port was taken meanwhile; trying another"
+	done
+
+	export PGHOST=127.0.0.1 PGPORT=$port PGUSER=postgres PGDATABASE=postgres
+	unset PGSERVICE PGSERVICEFILE PGPASSWORD PGOPTIONS PGHOSTADDR PGSSLMODE
+	log "server up: PostgreSQL $("$PG_BINDIR/psql" -XAtq -c 'SHOW server_version'), 127.0.0.1:$port"
+}
+
+# stop_cluster [EXIT_STATUS]: stop the server (fast, else immediate) and
+# remove its folder.  With a non-zero status the server log is printed and
+# kept in $REPO_ROOT/log/.
+stop_cluster() {
+	local status=${1:-0} pid kept
+	[[ -n $IDEM_TMPDIR && -d $IDEM_TMPDIR ]] || return 0
+	if [[ -f $IDEM_PGDATA/postmaster.pid ]]; then
+		if ! as_postgres "$PG_BINDIR/pg_ctl" stop -D "$IDEM_PGDATA" -m fast -w -t 30 >/dev/null 2>&1; then
+			as_postgres "$PG_BINDIR/pg_ctl" stop -D "$IDEM_PGDATA" -m immediate -w -t 30 >/dev/null 2>&1 || true
+		fi
+		# Last resort: the postmaster named in this cluster's own pid file.
+		if [[ -f $IDEM_PGDATA/postmaster.pid ]]; then
+			pid=$(head -n 1 "$IDEM_PGDATA/postmaster.pid" 2>/dev/null || true)
+			if [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null; then
+				kill -KILL "$pid" 2>/dev/null || true
+			fi
+		fi
+	fi
+	if [[ $status != 0 && -s $IDEM_SERVER_LOG ]]; then
+		mkdir -p "$REPO_ROOT/log"
+		kept=$REPO_ROOT/log/server-$(date +%Y%m%d-%H%M%S).log
+		cp "$IDEM_SERVER_LOG" "$kept" || true
+		{
+			echo "---- last lines of the server log (whole log kept in $kept) ----"
+			tail -n 40 "$IDEM_SERVER_LOG"
+			echo "----"
+		} >&2
+	fi
+	rm -rf "$IDEM_TMPDIR"
+	IDEM_TMPDIR=
+}
+
+_idem_on_exit() {
+	local status=$?
+	# A second Ctrl-C must not cut the clean-up short.
+	trap - EXIT
+	trap '' INT TERM HUP
+	stop_cluster "$status" || true
+	exit "$status"
+}

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# scripts/test.sh -- the whole test suite on a throwaway cluster (what CI runs)
+#
+# Installs what is missing (apt), builds and installs the extension, starts a
+# cluster of its own (scripts/common.sh), then runs through PGXS:
+#   pg_regress            sql/*.sql    against expected/*.out
+#   pg_isolation_regress  specs/*.spec against expected/*.out
+#   prove (TAP)           t/*.pl, on clusters of their own
+# Exits non-zero if anything fails, after printing the diffs.
+#
+#   bash scripts/test.sh          (as root on Debian 12)
+set -euo pipefail
+
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+install_deps
+build_install
+start_cluster fast
+
+cd "$REPO_ROOT"
+rm -rf results output_iso regression.diffs regression.out
+
+# The two suites run as two make calls, so that a regression failure does not
+# keep the isolation tests from running (one make installcheck stops at the
+# first failing command).
+status=0
+summary=$IDEM_TMPDIR/summary.txt  # removed with the cluster
+run_suite() {
+	local name=$1 out rc=0
+	shift
+	log "$name"
+	out=$IDEM_TMPDIR/suite.out
+	make --no-print-directory installcheck PG_CONFIG="$PG_CONFIG" "$@" 2>&1 | tee "$out" || rc=$?
+	if ((rc != 0)); then
+		status=1
+	fi
+	# PostgreSQL's own summary: " All N tests passed. " / " M of N tests failed. "
+	if grep -Eq 'tests? (passed|failed)' "$out"; then
+		grep -E 'tests? (passed|failed)|tests? (was|were) ignored' "$out" |
+			sed -e 's/^ *//' -e 's/ *$//' -e "s/^/$name: /" >>"$summary"
+	elif ((rc != 0)); then
+		echo "$name: did not run (make exit $rc)" >>"$summary"
+	else
+		echo "$name: no tests" >>"$summary"
+	fi
+}
+if compgen -G 'sql/*.sql' >/dev/null; then
+	run_suite "regression (pg_regress)" ISOLATION= TAP_TESTS=
+else
+	echo "regression (pg_regress): no tests in sql/" | tee -a "$summary"
+fi
+if compgen -G 'specs/*.spec' >/dev/null; then
+	run_suite "isolation (pg_isolation_regress)" REGRESS= TAP_TESTS=
+else
+	echo "isolation (pg_isolation_regress): no tests in specs/" | tee -a "$summary"
+fi
+
+# TAP tests (t/*.pl) start clusters of their own, and PostgreSQL refuses to
+# run as root: they run as the postgres OS user in a copy of the tree that it
+# owns, inside the temporary folder removed on exit.
+run_tap() {
+	local name="TAP (prove)" out rc=0 copy=$IDEM_TMPDIR/tap
+	log "$name"
+	mkdir -p "$copy"
+	cp -r "$REPO_ROOT/Makefile" "$REPO_ROOT/t" "$copy/"
+	chown -R postgres "$copy"
+	out=$IDEM_TMPDIR/tap.out
+	(cd "$copy" && runuser -u postgres -- env -u PGHOST -u PGPORT -u PGUSER -u PGDATABASE \
+		make --no-print-directory installcheck PG_CONFIG="$PG_CONFIG" REGRESS= ISOLATION= \
+		PROVE_FLAGS=--verbose) 2>&1 | tee "$out" || rc=$?
+	if ((rc != 0)); then
+		status=1
+		for f in "$copy"/tmp_check/log/*; do
+			[[ -f $f ]] || continue
+			echo "======== $(basename "$f") (last 60 lines) ========"
+			tail -n 60 "$f"
+		done
+	fi
+	if grep -Eq '^Files=[0-9]+, Tests=[0-9]+' "$out"; then
+		local tests bad=0
+		tests=$(sed -nE 's/^Files=[0-9]+, Tests=([0-9]+).*/\1/p' "$out" | tail -n 1)
+		if ((rc != 0)); then
+			bad=$(grep -cE '^not ok' "$out" || true)
+			((bad > 0)) || bad=1
+		fi
+		echo "$name: $((tests - bad)) of $tests tests passed." >>"$summary"
+	else
+		echo "$name: did not run (make exit $rc)" >>"$summary"
+	fi
+}
+if compgen -G 't/*.pl' >/dev/null; then
+	run_tap
+fi
+
+for diffs in regression.diffs output_iso/regression.diffs; do
+	if [[ -s $diffs ]]; then
+		echo
+		echo "======== $diffs ========"
+		cat "$diffs"
+	fi
+done
+
+# Totals for tools that read a plain "N passed, N failed" closing line.
+passed=0
+failed=0
+while read -r line; do
+	if [[ $line =~ All\ ([0-9]+)\ tests?\ passed ]]; then
+		passed=$((passed + BASH_REMATCH[1]))
+	elif [[ $line =~ ([0-9]+)\ of\ ([0-9]+)\ tests?\ failed ]]; then
+		failed=$((failed + BASH_REMATCH[1]))
+		passed=$((passed + BASH_REMATCH[2] - BASH_REMATCH[1]))
+	elif [[ $line =~ ([0-9]+)\ of\ ([0-9]+)\ tests?\ passed ]]; then
+		passed=$((passed + BASH_REMATCH[1]))
+		failed=$((failed + BASH_REMATCH[2] - BASH_REMATCH[1]))
+	fi
+done <"$summary"
+
+echo
+echo "======== summary ========"
+cat "$summary"
+stop_cluster "$status"
+echo "tests: $passed passed, $failed failed"
+exit "$status"
