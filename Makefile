@@ -2,7 +2,8 @@
 #
 # make && make install        build and install into the pg_config found on PATH
 # make installcheck           pg_regress (sql/) and isolation (specs/) tests
-#                             against the server named by PGHOST/PGPORT
+#                             against the server named by PGHOST/PGPORT,
+#                             then the TAP tests (t/) on clusters of their own
 # scripts/test.sh             the whole suite on a throwaway cluster (what CI runs)
 
 MODULE_big = idempotency
@@ -17,6 +18,9 @@ PGFILEDESC = "idempotency - exactly-once write endpoints from SQL"
 # Test files run in name order; their numeric prefixes give that order.
 REGRESS = $(sort $(basename $(notdir $(wildcard sql/*.sql))))
 ISOLATION = $(sort $(basename $(notdir $(wildcard specs/*.spec))))
+# t/*.pl start clusters of their own (pg_cron runs, load, restarts); they
+# need IPC::Run and must not run as root
+TAP_TESTS = 1
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)

@@ -265,6 +265,8 @@ $$;
 -- looked for at run time, and only in the database it lives in
 -- (cron.database_name) can jobs be scheduled.
 --
+-- cron_check(schedule): raise 55000 with the right hint unless pg_cron can
+-- be used from here; schedule NULL means the caller wants to unschedule.
 CREATE FUNCTION idempotency.cron_check(schedule text)
 RETURNS void
 LANGUAGE plpgsql
@@ -281,12 +283,18 @@ BEGIN
     IF cron_db IS DISTINCT FROM current_database() THEN
         RAISE EXCEPTION 'pg_cron lives in database "%", not in "%"', cron_db, current_database()
             USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = format('Connect to database %s and run: SELECT cron.schedule_in_database(%L, %L, %L, %L);',
-                                quote_ident(cron_db),
-                                'idempotency-maintenance:' || current_database(),
-                                coalesce(schedule, '*/10 * * * *'),
-                                'SELECT idempotency.idem_maintain()',
-                                current_database());
+                  HINT = CASE WHEN schedule IS NULL THEN
+                             format('Connect to database %s and run: SELECT cron.unschedule(%L);',
+                                    quote_ident(cron_db),
+                                    'idempotency-maintenance:' || current_database())
+                         ELSE
+                             format('Connect to database %s and run: SELECT cron.schedule_in_database(%L, %L, %L, %L);',
+                                    quote_ident(cron_db),
+                                    'idempotency-maintenance:' || current_database(),
+                                    schedule,
+                                    'SELECT idempotency.idem_maintain()',
+                                    current_database())
+                         END;
     END IF;
     IF NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'pg_cron') THEN
         RAISE EXCEPTION 'extension "pg_cron" is not installed in database "%"', current_database()
