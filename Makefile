@@ -9,7 +9,8 @@
 MODULE_big = idempotency
 OBJS = \
 	$(WIN32RES) \
-	idempotency.o
+	idempotency.o \
+	records.o
 
 EXTENSION = idempotency
 DATA = idempotency--1.0.sql

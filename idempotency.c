@@ -45,9 +45,10 @@
  * (clock_timestamp()), not the transaction's start: expiry and leases follow
  * the database's clock even inside long transactions.
  *
- * All SQL run here is prepared once per backend, kept with SPI_keepplan, and
- * schema-qualifies every name and operator, so the caller's search_path
- * cannot change what it does.
+ * Storage.  The functions read and write idempotency.records through
+ * records.c, which goes to the partitions' indexes and heaps directly, with
+ * no SQL at all: nothing here depends on the caller's search_path, and the
+ * hot path pays for no planning or executor start-up.
  *
  * IDENTIFICATION
  *	  idempotency.c
@@ -64,7 +65,6 @@
 #include "common/cryptohash.h"
 #include "common/hashfn.h"
 #include "common/int.h"
-#include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
@@ -80,6 +80,8 @@
 #include "utils/snapmgr.h"
 #include "utils/timeout.h"
 #include "utils/timestamp.h"
+
+#include "idempotency.h"
 
 PG_MODULE_MAGIC;
 
@@ -108,120 +110,12 @@ static int	idem_max_response_bytes = 1024 * 1024;	/* bytes */
 static int	idem_partition_interval = 24 * 60 * 60;	/* seconds */
 static int	idem_maintenance_lock_timeout = 100;	/* milliseconds */
 
-/*
- * The prepared statements.  Parameters $1 and $2 are always scope and key.
- * The ones that change a record name it by (scope, key, expires_at): an
- * expired record of the same key has an earlier expires_at, and the exact
- * expires_at lets run-time pruning keep a single partition.
- */
-typedef enum IdemPlanId
+/* idempotency.default_ttl in microseconds */
+static inline int64
+idem_default_ttl_usecs(void)
 {
-	IDEM_PLAN_LOOKUP,
-	IDEM_PLAN_INSERT,
-	IDEM_PLAN_TAKEOVER,
-	IDEM_PLAN_COMPLETE,
-	IDEM_PLAN_DELETE,
-	IDEM_NUM_PLANS
-} IdemPlanId;
-
-/* Columns of IDEM_PLAN_LOOKUP's result, 1-based as SPI_getbinval wants */
-enum
-{
-	LCOL_XMIN = 1,
-	LCOL_STATUS,
-	LCOL_REQUEST_HASH,
-	LCOL_RESPONSE_STATUS,
-	LCOL_RESPONSE_BODY,
-	LCOL_ATTEMPT,
-	LCOL_CREATED_AT,
-	LCOL_LOCKED_UNTIL,
-	LCOL_COMPLETED_AT,
-	LCOL_EXPIRES_AT
-};
-
-typedef struct IdemPlanDef
-{
-	const char *sql;
-	int			nargs;
-	Oid			argtypes[6];
-} IdemPlanDef;
-
-static const IdemPlanDef idem_plan_defs[IDEM_NUM_PLANS] = {
-	[IDEM_PLAN_LOOKUP] = {
-		"SELECT r.xmin, r.status, r.request_hash, r.response_status,"
-		" r.response_body, r.attempt, r.created_at, r.locked_until,"
-		" r.completed_at, r.expires_at"
-		" FROM idempotency.records r"
-		" WHERE r.scope OPERATOR(pg_catalog.=) $1"
-		" AND r.key OPERATOR(pg_catalog.=) $2"
-		" AND r.expires_at OPERATOR(pg_catalog.>) $3"
-		" LIMIT 1",
-		3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
-	},
-	[IDEM_PLAN_INSERT] = {
-		"INSERT INTO idempotency.records"
-		" (scope, key, status, request_hash, attempt, created_at,"
-		" locked_until, expires_at)"
-		" VALUES ($1, $2, 'processing', $3, 1, $4, $5, $6)",
-		6, {TEXTOID, TEXTOID, BYTEAOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-		TIMESTAMPTZOID}
-	},
-	[IDEM_PLAN_TAKEOVER] = {
-		"UPDATE idempotency.records r"
-		" SET attempt = $4, locked_until = $5,"
-		" request_hash = COALESCE(r.request_hash, $6)"
-		" WHERE r.scope OPERATOR(pg_catalog.=) $1"
-		" AND r.key OPERATOR(pg_catalog.=) $2"
-		" AND r.expires_at OPERATOR(pg_catalog.=) $3",
-		6, {TEXTOID, TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID,
-		BYTEAOID}
-	},
-	[IDEM_PLAN_COMPLETE] = {
-		"UPDATE idempotency.records r"
-		" SET status = 'completed', response_status = $4,"
-		" response_body = $5, completed_at = $6"
-		" WHERE r.scope OPERATOR(pg_catalog.=) $1"
-		" AND r.key OPERATOR(pg_catalog.=) $2"
-		" AND r.expires_at OPERATOR(pg_catalog.=) $3",
-		6, {TEXTOID, TEXTOID, TIMESTAMPTZOID, INT4OID, JSONBOID,
-		TIMESTAMPTZOID}
-	},
-	[IDEM_PLAN_DELETE] = {
-		"DELETE FROM idempotency.records r"
-		" WHERE r.scope OPERATOR(pg_catalog.=) $1"
-		" AND r.key OPERATOR(pg_catalog.=) $2"
-		" AND r.expires_at OPERATOR(pg_catalog.=) $3",
-		3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
-	},
-};
-
-/* Plans prepared in this backend, kept across transactions */
-static SPIPlanPtr idem_plans[IDEM_NUM_PLANS];
-
-/*
- * The live record of a (scope, key), as the lookup saw it.  Pass-by-reference
- * fields point into SPI's result and are valid until the next SPI call or
- * SPI_finish.
- */
-typedef struct IdemRecord
-{
-	bool		found;
-	TransactionId xmin;
-	bool		completed;
-	bool		hash_null;
-	Datum		request_hash;
-	bool		status_null;
-	int32		response_status;
-	bool		body_null;
-	Datum		response_body;
-	int32		attempt;
-	TimestampTz created_at;
-	bool		locked_until_null;
-	TimestampTz locked_until;
-	bool		completed_at_null;
-	TimestampTz completed_at;
-	TimestampTz expires_at;
-} IdemRecord;
+	return (int64) idem_default_ttl * USECS_PER_SEC;
+}
 
 /* Outcomes of idem_acquire */
 typedef enum IdemOutcome
@@ -325,6 +219,8 @@ _PG_init(void)
 							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idempotency");
+
+	idem_records_init();
 }
 
 
@@ -664,50 +560,9 @@ idem_lock_key_timed(const LOCKTAG *tag, int timeout_ms)
 
 
 /* ----------------------------------------------------------------
- * SPI helpers
+ * Reading records
  * ----------------------------------------------------------------
  */
-
-/*
- * Return the plan for id, preparing and keeping it on first use.
- *
- * Plans are generic from the start: their parameters never change their
- * shape, and it spares five rounds of custom planning per backend.
- */
-static SPIPlanPtr
-idem_plan(IdemPlanId id)
-{
-	if (idem_plans[id] == NULL)
-	{
-		const IdemPlanDef *def = &idem_plan_defs[id];
-		SPIPlanPtr	plan;
-
-		plan = SPI_prepare_cursor(def->sql, def->nargs,
-								  (Oid *) def->argtypes,
-								  CURSOR_OPT_GENERIC_PLAN);
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare_cursor failed for \"%s\": %s",
-				 def->sql, SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		idem_plans[id] = plan;
-	}
-	return idem_plans[id];
-}
-
-/*
- * Run a prepared statement that must affect exactly one row.
- */
-static void
-idem_exec_one(IdemPlanId id, Datum *values, const char *nulls, int expected)
-{
-	int			rc;
-
-	rc = SPI_execute_plan(idem_plan(id), values, nulls, false, 0);
-	if (rc != expected || SPI_processed != 1)
-		elog(ERROR, "idempotency: statement %d returned %s with " UINT64_FORMAT " rows",
-			 (int) id, SPI_result_code_string(rc), SPI_processed);
-}
 
 /*
  * ereport the serialization failure of a key changed after the transaction's
@@ -732,80 +587,44 @@ idem_serialization_error(text *key)
  * to see the outcome of the transaction we may just have waited for; under
  * REPEATABLE READ or SERIALIZABLE a record found that way but invisible to
  * the transaction's snapshot, or a record the transaction's snapshot sees
- * but that is gone now, raises serialization_failure.
+ * but that is gone now, raises serialization_failure.  hint is where the
+ * record most likely is (see idem_records_find).
  */
 static void
-idem_lookup_record(text *scope, text *key, TimestampTz now, bool latest,
-				   IdemRecord *rec)
+idem_lookup_record(Relation parent, text *scope, text *key, TimestampTz now,
+				   TimestampTz hint, bool latest, IdemRecord *rec)
 {
-	Datum		values[3];
-	TupleDesc	desc;
-	HeapTuple	tuple;
-	bool		isnull;
-	int			rc;
+	Snapshot	snapshot;
 
-	values[0] = PointerGetDatum(scope);
-	values[1] = PointerGetDatum(key);
-	values[2] = TimestampTzGetDatum(now);
+	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() :
+								GetTransactionSnapshot());
+	idem_records_find(parent, scope, key, now, hint, snapshot, rec);
+	UnregisterSnapshot(snapshot);
 
-	if (latest)
-		rc = SPI_execute_snapshot(idem_plan(IDEM_PLAN_LOOKUP), values, NULL,
-								  GetLatestSnapshot(), InvalidSnapshot,
-								  false, false, 1);
-	else
-		rc = SPI_execute_plan(idem_plan(IDEM_PLAN_LOOKUP), values, NULL,
-							  false, 1);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "idempotency: record lookup returned %s",
-			 SPI_result_code_string(rc));
-
-	memset(rec, 0, sizeof(IdemRecord));
-	if (SPI_processed == 0)
-	{
-		/*
-		 * Nothing live now.  Under REPEATABLE READ or SERIALIZABLE, if the
-		 * transaction's snapshot still sees a record (one released after the
-		 * snapshot was taken), a new claim would leave two records visible
-		 * to this transaction.
-		 */
-		if (latest && IsolationUsesXactSnapshot())
-		{
-			rc = SPI_execute_plan(idem_plan(IDEM_PLAN_LOOKUP), values, NULL,
-								  false, 1);
-			if (rc != SPI_OK_SELECT)
-				elog(ERROR, "idempotency: record lookup returned %s",
-					 SPI_result_code_string(rc));
-			if (SPI_processed > 0)
-				idem_serialization_error(key);
-		}
+	if (!latest || !IsolationUsesXactSnapshot())
 		return;
+
+	if (rec->found)
+	{
+		if (!TransactionIdIsCurrentTransactionId(rec->xmin) &&
+			XidInMVCCSnapshot(rec->xmin, GetTransactionSnapshot()))
+			idem_serialization_error(key);
 	}
+	else
+	{
+		IdemRecord	seen;
 
-	desc = SPI_tuptable->tupdesc;
-	tuple = SPI_tuptable->vals[0];
-
-	rec->found = true;
-	rec->xmin = DatumGetTransactionId(SPI_getbinval(tuple, desc, LCOL_XMIN, &isnull));
-	rec->completed =
-		VARDATA_ANY(DatumGetTextPP(SPI_getbinval(tuple, desc, LCOL_STATUS, &isnull)))[0] == 'c';
-	rec->request_hash = SPI_getbinval(tuple, desc, LCOL_REQUEST_HASH, &rec->hash_null);
-	rec->response_status =
-		DatumGetInt32(SPI_getbinval(tuple, desc, LCOL_RESPONSE_STATUS, &rec->status_null));
-	rec->response_body = SPI_getbinval(tuple, desc, LCOL_RESPONSE_BODY, &rec->body_null);
-	rec->attempt = DatumGetInt32(SPI_getbinval(tuple, desc, LCOL_ATTEMPT, &isnull));
-	rec->created_at =
-		DatumGetTimestampTz(SPI_getbinval(tuple, desc, LCOL_CREATED_AT, &isnull));
-	rec->locked_until =
-		DatumGetTimestampTz(SPI_getbinval(tuple, desc, LCOL_LOCKED_UNTIL, &rec->locked_until_null));
-	rec->completed_at =
-		DatumGetTimestampTz(SPI_getbinval(tuple, desc, LCOL_COMPLETED_AT, &rec->completed_at_null));
-	rec->expires_at =
-		DatumGetTimestampTz(SPI_getbinval(tuple, desc, LCOL_EXPIRES_AT, &isnull));
-
-	if (latest && IsolationUsesXactSnapshot() &&
-		!TransactionIdIsCurrentTransactionId(rec->xmin) &&
-		XidInMVCCSnapshot(rec->xmin, GetTransactionSnapshot()))
-		idem_serialization_error(key);
+		/*
+		 * Nothing live now.  If the transaction's snapshot still sees a
+		 * record (one released after the snapshot was taken), a new claim
+		 * would leave two records visible to this transaction.
+		 */
+		snapshot = RegisterSnapshot(GetTransactionSnapshot());
+		idem_records_find(parent, scope, key, now, hint, snapshot, &seen);
+		UnregisterSnapshot(snapshot);
+		if (seen.found)
+			idem_serialization_error(key);
+	}
 }
 
 /*
@@ -890,6 +709,8 @@ idem_acquire(PG_FUNCTION_ARGS)
 	bool		have_record = false;
 	bool		locked;
 	int			poll_ms = IDEM_POLL_MIN_MS;
+	Relation	parent;
+	TimestampTz hint;
 	Datum		values[5];
 	bool		nulls[5];
 
@@ -901,12 +722,11 @@ idem_acquire(PG_FUNCTION_ARGS)
 		hash = idem_hash_jsonb(PG_GETARG_JSONB_P(1));
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	parent = idem_records_open();
 
 	start = GetCurrentTimestamp();
 	deadline = TimestampTzPlusMilliseconds(start, idem_wait_timeout);
+	hint = start + ttl;
 	idem_key_locktag(&tag, scope, key);
 
 	/*
@@ -917,7 +737,7 @@ idem_acquire(PG_FUNCTION_ARGS)
 	locked = idem_lock_acquire(&tag, true) != LOCKACQUIRE_NOT_AVAIL;
 	if (!locked)
 	{
-		idem_lookup_record(scope, key, start, false, &rec);
+		idem_lookup_record(parent, scope, key, start, hint, false, &rec);
 		if (idem_settled(&rec, hash, &outcome))
 		{
 			have_record = true;
@@ -940,7 +760,8 @@ idem_acquire(PG_FUNCTION_ARGS)
 				 * What it committed before (a processing record now being
 				 * completed or taken over) may still settle the answer.
 				 */
-				idem_lookup_record(scope, key, GetCurrentTimestamp(), false, &rec);
+				idem_lookup_record(parent, scope, key, GetCurrentTimestamp(),
+								   hint, false, &rec);
 				have_record = rec.found;
 				if (!idem_settled(&rec, hash, &outcome))
 					outcome = IDEM_IN_PROGRESS;
@@ -951,23 +772,13 @@ idem_acquire(PG_FUNCTION_ARGS)
 
 		/* We hold the key lock: nobody else can change this key now. */
 		now = GetCurrentTimestamp();
-		idem_lookup_record(scope, key, now, true, &rec);
+		idem_lookup_record(parent, scope, key, now, hint, true, &rec);
 		have_record = rec.found;
 
 		if (!rec.found)
 		{
-			Datum		ivalues[6];
-			char		inulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
-
-			ivalues[0] = PointerGetDatum(scope);
-			ivalues[1] = PointerGetDatum(key);
-			ivalues[2] = PointerGetDatum(hash);
-			if (hash == NULL)
-				inulls[2] = 'n';
-			ivalues[3] = TimestampTzGetDatum(now);
-			ivalues[4] = TimestampTzGetDatum(now + lease);
-			ivalues[5] = TimestampTzGetDatum(now + ttl);
-			idem_exec_one(IDEM_PLAN_INSERT, ivalues, inulls, SPI_OK_INSERT);
+			idem_records_insert(parent, scope, key, hash, now, now + lease,
+								now + ttl);
 
 			rec.found = true;
 			rec.attempt = 1;
@@ -994,18 +805,8 @@ idem_acquire(PG_FUNCTION_ARGS)
 		/* Its lease has run out: take it over. */
 		if (rec.locked_until_null || rec.locked_until <= now)
 		{
-			Datum		tvalues[6];
-			char		tnulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
-
-			tvalues[0] = PointerGetDatum(scope);
-			tvalues[1] = PointerGetDatum(key);
-			tvalues[2] = TimestampTzGetDatum(rec.expires_at);
-			tvalues[3] = Int32GetDatum(rec.attempt + 1);
-			tvalues[4] = TimestampTzGetDatum(Min(now + lease, rec.expires_at));
-			tvalues[5] = PointerGetDatum(hash);
-			if (hash == NULL)
-				tnulls[5] = 'n';
-			idem_exec_one(IDEM_PLAN_TAKEOVER, tvalues, tnulls, SPI_OK_UPDATE);
+			idem_records_takeover(parent, &rec, scope, key, rec.attempt + 1,
+								  Min(now + lease, rec.expires_at), hash);
 
 			rec.attempt++;
 			outcome = IDEM_ACQUIRED;
@@ -1054,10 +855,9 @@ done:
 		values[4] = TimestampTzGetDatum(rec.expires_at);
 		nulls[4] = false;
 	}
-	/* the tuplestore copies the values, so SPI's memory may go after this */
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 
-	SPI_finish();
+	idem_records_close(parent);
 	return (Datum) 0;
 }
 
@@ -1086,6 +886,7 @@ idem_complete(PG_FUNCTION_ARGS)
 	LOCKTAG		tag;
 	TimestampTz now;
 	IdemRecord	rec;
+	Relation	parent;
 	bool		result;
 
 	key = idem_check_ident(fcinfo, 0, true);
@@ -1113,14 +914,13 @@ idem_complete(PG_FUNCTION_ARGS)
 	}
 	check_attempt = idem_check_attempt(fcinfo, 4, &attempt);
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-
+	parent = idem_records_open();
 	idem_key_locktag(&tag, scope, key);
 	idem_lock_key(&tag);
 
 	now = GetCurrentTimestamp();
-	idem_lookup_record(scope, key, now, true, &rec);
+	idem_lookup_record(parent, scope, key, now, now + idem_default_ttl_usecs(),
+					   true, &rec);
 	if (!rec.found)
 		idem_no_record_error(scope, key);
 	if (check_attempt && attempt != rec.attempt)
@@ -1134,22 +934,14 @@ idem_complete(PG_FUNCTION_ARGS)
 	}
 	else
 	{
-		Datum		values[6];
-		char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
-
-		values[0] = PointerGetDatum(scope);
-		values[1] = PointerGetDatum(key);
-		values[2] = TimestampTzGetDatum(rec.expires_at);
-		values[3] = Int32GetDatum(status);
-		values[4] = PG_ARGISNULL(2) ? (Datum) 0 : PG_GETARG_DATUM(2);
-		if (PG_ARGISNULL(2))
-			nulls[4] = 'n';
-		values[5] = TimestampTzGetDatum(now);
-		idem_exec_one(IDEM_PLAN_COMPLETE, values, nulls, SPI_OK_UPDATE);
+		idem_records_complete(parent, &rec, scope, key, status,
+							  PG_ARGISNULL(2) ? (Datum) 0 :
+							  PointerGetDatum(PG_GETARG_JSONB_P(2)),
+							  PG_ARGISNULL(2), now);
 		result = true;
 	}
 
-	SPI_finish();
+	idem_records_close(parent);
 	PG_RETURN_BOOL(result);
 }
 
@@ -1169,31 +961,28 @@ idem_release(PG_FUNCTION_ARGS)
 	bool		check_attempt;
 	LOCKTAG		tag;
 	IdemRecord	rec;
+	Relation	parent;
+	TimestampTz now;
 	bool		result = false;
 
 	key = idem_check_ident(fcinfo, 0, true);
 	scope = idem_check_ident(fcinfo, 1, false);
 	check_attempt = idem_check_attempt(fcinfo, 2, &attempt);
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-
+	parent = idem_records_open();
 	idem_key_locktag(&tag, scope, key);
 	idem_lock_key(&tag);
 
-	idem_lookup_record(scope, key, GetCurrentTimestamp(), true, &rec);
+	now = GetCurrentTimestamp();
+	idem_lookup_record(parent, scope, key, now, now + idem_default_ttl_usecs(),
+					   true, &rec);
 	if (rec.found)
 	{
 		if (check_attempt && attempt != rec.attempt)
 			idem_attempt_error(key, attempt, &rec);
 		if (!rec.completed)
 		{
-			Datum		values[3];
-
-			values[0] = PointerGetDatum(scope);
-			values[1] = PointerGetDatum(key);
-			values[2] = TimestampTzGetDatum(rec.expires_at);
-			idem_exec_one(IDEM_PLAN_DELETE, values, NULL, SPI_OK_DELETE);
+			idem_records_delete(parent, &rec);
 			result = true;
 		}
 	}
@@ -1201,7 +990,7 @@ idem_release(PG_FUNCTION_ARGS)
 	if (!result)
 		idem_unlock_key(&tag);
 
-	SPI_finish();
+	idem_records_close(parent);
 	PG_RETURN_BOOL(result);
 }
 
@@ -1224,16 +1013,18 @@ idem_lookup(PG_FUNCTION_ARGS)
 	text	   *key;
 	text	   *scope;
 	IdemRecord	rec;
+	Relation	parent;
+	TimestampTz now;
 
 	key = idem_check_ident(fcinfo, 0, true);
 	scope = idem_check_ident(fcinfo, 1, false);
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	parent = idem_records_open();
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-
-	idem_lookup_record(scope, key, GetCurrentTimestamp(), false, &rec);
+	now = GetCurrentTimestamp();
+	idem_lookup_record(parent, scope, key, now, now + idem_default_ttl_usecs(),
+					   false, &rec);
 	if (rec.found)
 	{
 		Datum		values[9];
@@ -1257,7 +1048,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 
-	SPI_finish();
+	idem_records_close(parent);
 	return (Datum) 0;
 }
 

@@ -54,6 +54,7 @@ SELECT tableoid::regclass AS long_partition FROM idempotency.records WHERE key =
 SELECT tableoid::regclass AS short_partition FROM idempotency.records WHERE key = 'short' \gset
 SELECT pg_sleep(3.5);   -- the short record's partition has ended
 
+SELECT clock_timestamp() AS before_run \gset
 SELECT partitions_created > 0 AS created, partitions_dropped > 0 AS dropped
   FROM idempotency.idem_maintain();
 SELECT to_regclass(:'short_partition') IS NULL AS short_partition_dropped,
@@ -61,7 +62,7 @@ SELECT to_regclass(:'short_partition') IS NULL AS short_partition_dropped,
 SELECT outcome, response_status, response_body
   FROM idempotency.idem_acquire('long', ttl => '10s');
 SELECT count(*) AS ended_partitions_left
-  FROM idempotency.partitions WHERE NOT is_default AND range_end <= clock_timestamp();
+  FROM idempotency.partitions WHERE NOT is_default AND range_end <= :'before_run';
 SELECT max(range_end) >= clock_timestamp() + interval '10s' AS still_covers_max_ttl
   FROM idempotency.partitions;
 

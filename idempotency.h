@@ -1,0 +1,72 @@
+/*-------------------------------------------------------------------------
+ *
+ * idempotency.h
+ *		Declarations shared by the idempotency extension's C files.
+ *
+ * idempotency.c holds the SQL-callable functions and the claim protocol;
+ * records.c holds the storage access to idempotency.records.
+ *
+ * IDENTIFICATION
+ *	  idempotency.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEMPOTENCY_H
+#define IDEMPOTENCY_H
+
+#include "access/htup.h"
+#include "datatype/timestamp.h"
+#include "storage/itemptr.h"
+#include "utils/relcache.h"
+#include "utils/snapshot.h"
+
+/*
+ * The live record of a (scope, key), as a probe found it.  Pass-by-reference
+ * values are copies in the caller's memory context, detoasted.  partoid and
+ * tid say where the row version is, for idem_records_update/_delete, and are
+ * valid while the caller holds the key lock.
+ */
+typedef struct IdemRecord
+{
+	bool		found;
+	Oid			partoid;
+	ItemPointerData tid;
+	TransactionId xmin;
+	bool		completed;
+	bool		hash_null;
+	Datum		request_hash;
+	bool		status_null;
+	int32		response_status;
+	bool		body_null;
+	Datum		response_body;
+	int32		attempt;
+	TimestampTz created_at;
+	bool		locked_until_null;
+	TimestampTz locked_until;
+	bool		completed_at_null;
+	TimestampTz completed_at;
+	TimestampTz expires_at;
+} IdemRecord;
+
+/* records.c */
+extern void idem_records_init(void);
+extern Relation idem_records_open(void);
+extern void idem_records_close(Relation parent);
+extern void idem_records_find(Relation parent, text *scope, text *key,
+							  TimestampTz now, TimestampTz hint,
+							  Snapshot snapshot, IdemRecord *rec);
+extern void idem_records_insert(Relation parent, text *scope, text *key,
+								bytea *request_hash, TimestampTz now,
+								TimestampTz locked_until,
+								TimestampTz expires_at);
+extern void idem_records_takeover(Relation parent, const IdemRecord *rec,
+								  text *scope, text *key, int32 attempt,
+								  TimestampTz locked_until,
+								  bytea *request_hash);
+extern void idem_records_complete(Relation parent, const IdemRecord *rec,
+								  text *scope, text *key, int32 status,
+								  Datum body, bool body_null,
+								  TimestampTz now);
+extern void idem_records_delete(Relation parent, const IdemRecord *rec);
+
+#endif							/* IDEMPOTENCY_H */

@@ -1,0 +1,785 @@
+/*-------------------------------------------------------------------------
+ *
+ * records.c
+ *		Storage access to idempotency.records: probing the live partitions
+ *		for a (scope, key) and writing record versions.
+ *
+ * idem_acquire runs on every request, so this file goes to the table
+ * without the executor: no planning, no executor start-up per partition, no
+ * tuple routing.  A probe walks the partition bounds that the relcache keeps
+ * for the parent, skips every partition whose range has ended (it can hold
+ * no live record), and looks up (scope, key) in each remaining partition's
+ * btree index, starting with the one most likely to hold the key.  Writes
+ * route by expires_at through the same bounds, go to the heap with
+ * simple_heap_insert/update/delete, and maintain the indexes the way catalog
+ * updates do.
+ *
+ * What the executor would have done and we therefore do here: take the same
+ * locks (AccessShareLock on the parent, partitions and indexes read,
+ * RowExclusiveLock on what is written), check the caller's privileges on
+ * idempotency.records, and make our writes visible to the next command with
+ * CommandCounterIncrement.  What we do not do: fire triggers, apply
+ * row-level security, or evaluate CHECK constraints.  The table is the
+ * extension's own; the values written are checked by idempotency.c before
+ * they get here.
+ *
+ * Callers hold the (scope, key) lock of idempotency.c for every write, and
+ * hold the parent open (idem_records_open) across a probe and the writes
+ * that follow it, so the TID a probe returns is still the current version
+ * when it is updated or deleted.
+ *
+ * IDENTIFICATION
+ *	  records.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/nbtree.h"
+#include "access/relation.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/index.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_index.h"
+#include "executor/executor.h"
+#include "executor/tuptable.h"
+#include "miscadmin.h"
+#include "nodes/execnodes.h"
+#include "partitioning/partbounds.h"
+#include "partitioning/partdesc.h"
+#include "storage/lmgr.h"
+#include "tcop/utility.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/syscache.h"
+
+#include "idempotency.h"
+
+/* The columns of idempotency.records, by name */
+typedef enum IdemColumn
+{
+	COL_SCOPE,
+	COL_KEY,
+	COL_STATUS,
+	COL_REQUEST_HASH,
+	COL_RESPONSE_STATUS,
+	COL_RESPONSE_BODY,
+	COL_ATTEMPT,
+	COL_CREATED_AT,
+	COL_LOCKED_UNTIL,
+	COL_COMPLETED_AT,
+	COL_EXPIRES_AT,
+	IDEM_NCOLUMNS
+} IdemColumn;
+
+static const char *const idem_column_names[IDEM_NCOLUMNS] = {
+	[COL_SCOPE] = "scope",
+	[COL_KEY] = "key",
+	[COL_STATUS] = "status",
+	[COL_REQUEST_HASH] = "request_hash",
+	[COL_RESPONSE_STATUS] = "response_status",
+	[COL_RESPONSE_BODY] = "response_body",
+	[COL_ATTEMPT] = "attempt",
+	[COL_CREATED_AT] = "created_at",
+	[COL_LOCKED_UNTIL] = "locked_until",
+	[COL_COMPLETED_AT] = "completed_at",
+	[COL_EXPIRES_AT] = "expires_at",
+};
+
+/*
+ * What we need to know of a partition, cached per backend: its index on
+ * (scope, key) and where each column is.  Entries go when the relcache entry
+ * of the partition is invalidated (an index made or dropped, a column
+ * changed, the partition dropped).
+ */
+typedef struct IdemPartition
+{
+	Oid			relid;			/* hash key */
+	Oid			indexoid;
+	AttrNumber	attnum[IDEM_NCOLUMNS];
+} IdemPartition;
+
+static HTAB *idem_partitions = NULL;
+
+/* OID of idempotency.records, or InvalidOid until looked up */
+static Oid	idem_records_relid = InvalidOid;
+
+/* A candidate partition for a probe */
+typedef struct IdemCandidate
+{
+	Oid			relid;
+	TimestampTz upper;			/* DT_NOEND for the DEFAULT partition */
+} IdemCandidate;
+
+
+/*
+ * Relcache invalidation: forget what we know of the relation, or of all.
+ */
+static void
+idem_relcache_callback(Datum arg, Oid relid)
+{
+	if (!OidIsValid(relid) || relid == idem_records_relid)
+		idem_records_relid = InvalidOid;
+
+	if (idem_partitions == NULL)
+		return;
+	if (OidIsValid(relid))
+		(void) hash_search(idem_partitions, &relid, HASH_REMOVE, NULL);
+	else
+	{
+		HASH_SEQ_STATUS status;
+		IdemPartition *entry;
+
+		hash_seq_init(&status, idem_partitions);
+		while ((entry = hash_seq_search(&status)) != NULL)
+			(void) hash_search(idem_partitions, &entry->relid, HASH_REMOVE, NULL);
+	}
+}
+
+/*
+ * Module load: set up the partition cache's invalidation.
+ */
+void
+idem_records_init(void)
+{
+	CacheRegisterRelcacheCallback(idem_relcache_callback, (Datum) 0);
+}
+
+/*
+ * Fill *info for an open, locked partition from the cache, building the
+ * cache entry if need be.  A copy, since the entry may go as soon as the
+ * next lock is taken and invalidations are processed.
+ */
+static void
+idem_partition_info(Relation rel, IdemPartition *result)
+{
+	Oid			relid = RelationGetRelid(rel);
+	IdemPartition *entry;
+	bool		found;
+	List	   *indexes;
+	ListCell   *lc;
+	int			i;
+
+	if (idem_partitions == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(Oid);
+		ctl.entrysize = sizeof(IdemPartition);
+		idem_partitions = hash_create("idempotency partitions", 64, &ctl,
+									  HASH_ELEM | HASH_BLOBS);
+	}
+
+	entry = hash_search(idem_partitions, &relid, HASH_FIND, NULL);
+	if (entry != NULL)
+	{
+		*result = *entry;
+		return;
+	}
+
+	/* Build it in locals first: a catalog lookup may run our callback. */
+	{
+		IdemPartition info;
+
+		info.relid = relid;
+		info.indexoid = InvalidOid;
+		for (i = 0; i < IDEM_NCOLUMNS; i++)
+		{
+			info.attnum[i] = get_attnum(relid, idem_column_names[i]);
+			if (info.attnum[i] == InvalidAttrNumber)
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("partition \"%s\" of \"idempotency.records\" has no column \"%s\"",
+								RelationGetRelationName(rel), idem_column_names[i])));
+		}
+
+		indexes = RelationGetIndexList(rel);
+		foreach(lc, indexes)
+		{
+			Oid			indexoid = lfirst_oid(lc);
+			HeapTuple	tup;
+			Form_pg_index index;
+			bool		usable;
+
+			tup = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(indexoid));
+			if (!HeapTupleIsValid(tup))
+				continue;
+			index = (Form_pg_index) GETSTRUCT(tup);
+			usable = index->indisvalid && index->indisready &&
+				index->indnkeyatts >= 2 &&
+				index->indkey.values[0] == info.attnum[COL_SCOPE] &&
+				index->indkey.values[1] == info.attnum[COL_KEY] &&
+				heap_attisnull(tup, Anum_pg_index_indexprs, NULL) &&
+				heap_attisnull(tup, Anum_pg_index_indpred, NULL);
+			ReleaseSysCache(tup);
+
+			if (usable)
+			{
+				tup = SearchSysCache1(RELOID, ObjectIdGetDatum(indexoid));
+				if (HeapTupleIsValid(tup))
+				{
+					if (((Form_pg_class) GETSTRUCT(tup))->relam == BTREE_AM_OID)
+						info.indexoid = indexoid;
+					ReleaseSysCache(tup);
+				}
+			}
+			if (OidIsValid(info.indexoid))
+				break;
+		}
+		list_free(indexes);
+
+		if (!OidIsValid(info.indexoid))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("partition \"%s\" of \"idempotency.records\" has no btree index on (scope, key)",
+							RelationGetRelationName(rel))));
+
+		entry = hash_search(idem_partitions, &relid, HASH_ENTER, &found);
+		*entry = info;
+		*result = info;
+	}
+}
+
+
+/* ----------------------------------------------------------------
+ * Opening the table
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Check one privilege of the current user on idempotency.records.
+ */
+static void
+idem_check_privilege(Relation parent, AclMode mode)
+{
+	AclResult	result;
+
+	result = pg_class_aclcheck(RelationGetRelid(parent), GetUserId(), mode);
+	if (result != ACLCHECK_OK)
+		aclcheck_error(result, OBJECT_TABLE, RelationGetRelationName(parent));
+}
+
+/*
+ * Open idempotency.records for reading (AccessShareLock), after checking
+ * that the caller may SELECT from it, as the executor would.
+ */
+Relation
+idem_records_open(void)
+{
+	Relation	parent = NULL;
+
+	if (OidIsValid(idem_records_relid))
+		parent = try_table_open(idem_records_relid, AccessShareLock);
+	if (parent == NULL)
+	{
+		Oid			nspoid = get_namespace_oid("idempotency", true);
+		Oid			relid = InvalidOid;
+
+		if (OidIsValid(nspoid))
+			relid = get_relname_relid("records", nspoid);
+		if (!OidIsValid(relid))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_TABLE),
+					 errmsg("relation \"idempotency.records\" does not exist"),
+					 errhint("Run CREATE EXTENSION idempotency in this database.")));
+		parent = table_open(relid, AccessShareLock);
+		idem_records_relid = relid;
+	}
+	if (parent->rd_rel->relkind != RELKIND_PARTITIONED_TABLE)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("\"idempotency.records\" is not a partitioned table")));
+
+	idem_check_privilege(parent, ACL_SELECT);
+	return parent;
+}
+
+/*
+ * Before writing: what the executor would refuse, take and check for an
+ * INSERT, UPDATE or DELETE on the parent.
+ */
+static void
+idem_prepare_write(Relation parent, AclMode mode)
+{
+	const char *cmd = (mode == ACL_INSERT) ? "INSERT" :
+		(mode == ACL_UPDATE) ? "UPDATE" : "DELETE";
+
+	PreventCommandIfReadOnly(cmd);
+	PreventCommandDuringRecovery(cmd);
+	LockRelationOid(RelationGetRelid(parent), RowExclusiveLock);
+	idem_check_privilege(parent, mode);
+}
+
+/*
+ * Close the parent; its lock is kept to the end of the transaction.
+ */
+void
+idem_records_close(Relation parent)
+{
+	table_close(parent, NoLock);
+}
+
+
+/* ----------------------------------------------------------------
+ * Probing
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Upper bound of range datum i of a range partition bound.
+ */
+static TimestampTz
+idem_bound_value(PartitionBoundInfo bi, int i)
+{
+	switch (bi->kind[i][0])
+	{
+		case PARTITION_RANGE_DATUM_MINVALUE:
+			return DT_NOBEGIN;
+		case PARTITION_RANGE_DATUM_MAXVALUE:
+			return DT_NOEND;
+		default:
+			return DatumGetTimestampTz(bi->datums[i][0]);
+	}
+}
+
+/*
+ * Copy the record in slot into *rec.
+ */
+static void
+idem_fill_record(IdemRecord *rec, Relation rel, const IdemPartition *part,
+				 TupleTableSlot *slot)
+{
+	HeapTuple	tuple;
+	bool		should_free;
+	bool		isnull;
+	Datum		d;
+
+	slot_getallattrs(slot);
+
+	rec->found = true;
+	rec->partoid = RelationGetRelid(rel);
+	rec->tid = slot->tts_tid;
+	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+	rec->xmin = HeapTupleHeaderGetXmin(tuple->t_data);
+	if (should_free)
+		heap_freetuple(tuple);
+
+#define ATT(col)	(part->attnum[(col)] - 1)
+	d = slot->tts_values[ATT(COL_STATUS)];
+	rec->completed = !slot->tts_isnull[ATT(COL_STATUS)] &&
+		VARSIZE_ANY_EXHDR(DatumGetPointer(d)) > 0 &&
+		VARDATA_ANY(DatumGetPointer(d))[0] == 'c';
+
+	rec->hash_null = slot->tts_isnull[ATT(COL_REQUEST_HASH)];
+	if (!rec->hash_null)
+		rec->request_hash =
+			PointerGetDatum(PG_DETOAST_DATUM_COPY(slot->tts_values[ATT(COL_REQUEST_HASH)]));
+
+	rec->status_null = slot->tts_isnull[ATT(COL_RESPONSE_STATUS)];
+	if (!rec->status_null)
+		rec->response_status = DatumGetInt32(slot->tts_values[ATT(COL_RESPONSE_STATUS)]);
+
+	rec->body_null = slot->tts_isnull[ATT(COL_RESPONSE_BODY)];
+	if (!rec->body_null)
+		rec->response_body =
+			PointerGetDatum(PG_DETOAST_DATUM_COPY(slot->tts_values[ATT(COL_RESPONSE_BODY)]));
+
+	rec->attempt = DatumGetInt32(slot->tts_values[ATT(COL_ATTEMPT)]);
+	rec->created_at = DatumGetTimestampTz(slot->tts_values[ATT(COL_CREATED_AT)]);
+	rec->locked_until_null = slot->tts_isnull[ATT(COL_LOCKED_UNTIL)];
+	if (!rec->locked_until_null)
+		rec->locked_until = DatumGetTimestampTz(slot->tts_values[ATT(COL_LOCKED_UNTIL)]);
+	rec->completed_at_null = slot->tts_isnull[ATT(COL_COMPLETED_AT)];
+	if (!rec->completed_at_null)
+		rec->completed_at = DatumGetTimestampTz(slot->tts_values[ATT(COL_COMPLETED_AT)]);
+	rec->expires_at = DatumGetTimestampTz(slot_getattr(slot, part->attnum[COL_EXPIRES_AT], &isnull));
+#undef ATT
+}
+
+/*
+ * Look for the live record of (scope, key) in one partition.
+ */
+static bool
+idem_probe(Oid relid, text *scope, text *key, TimestampTz now,
+		   Snapshot snapshot, IdemRecord *rec)
+{
+	Relation	rel;
+	Relation	index;
+	IdemPartition part;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	ScanKeyData skey[2];
+	bool		found = false;
+
+	rel = table_open(relid, AccessShareLock);
+	idem_partition_info(rel, &part);
+	index = index_open(part.indexoid, AccessShareLock);
+
+	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[0], F_TEXTEQ,
+						   PointerGetDatum(scope));
+	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[1], F_TEXTEQ,
+						   PointerGetDatum(key));
+
+	slot = table_slot_create(rel, NULL);
+	scan = index_beginscan(rel, index, snapshot, 2, 0);
+	index_rescan(scan, skey, 2, NULL, 0);
+	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		TimestampTz expires_at;
+
+		expires_at = DatumGetTimestampTz(slot_getattr(slot,
+													  part.attnum[COL_EXPIRES_AT],
+													  &isnull));
+		if (!isnull && expires_at > now)
+		{
+			idem_fill_record(rec, rel, &part, slot);
+			found = true;
+			break;
+		}
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+
+	index_close(index, NoLock);
+	table_close(rel, NoLock);
+	return found;
+}
+
+/*
+ * Find the live record of (scope, key) as of now, as seen by snapshot.
+ *
+ * Only partitions whose range ends after now can hold a live record.  They
+ * are probed starting with the one that holds expires_at = hint (where a
+ * record claimed just now with the default ttl would be), then towards the
+ * older ranges, then the newer ones, and the DEFAULT partition last; the
+ * first live record found ends the search, since there is at most one.
+ */
+void
+idem_records_find(Relation parent, text *scope, text *key, TimestampTz now,
+				  TimestampTz hint, Snapshot snapshot, IdemRecord *rec)
+{
+	PartitionDesc pd = RelationGetPartitionDesc(parent, true);
+	PartitionBoundInfo bi = pd->boundinfo;
+	IdemCandidate *cand;
+	int			ncand = 0;
+	int			start = 0;
+	int			i;
+
+	memset(rec, 0, sizeof(IdemRecord));
+	if (bi == NULL)
+		return;
+
+	cand = palloc(sizeof(IdemCandidate) * (bi->ndatums + 1));
+	for (i = 0; i < bi->ndatums; i++)
+	{
+		TimestampTz upper;
+
+		if (bi->indexes[i] < 0)
+			continue;
+		upper = idem_bound_value(bi, i);
+		if (upper <= now)
+			continue;
+		if (upper <= hint)
+			start = ncand + 1;
+		cand[ncand].relid = pd->oids[bi->indexes[i]];
+		cand[ncand].upper = upper;
+		ncand++;
+	}
+	if (start >= ncand)
+		start = ncand - 1;
+
+	/* start, then down to the oldest live range, then up */
+	for (i = start; i >= 0; i--)
+		if (idem_probe(cand[i].relid, scope, key, now, snapshot, rec))
+			return;
+	for (i = start + 1; i < ncand; i++)
+		if (idem_probe(cand[i].relid, scope, key, now, snapshot, rec))
+			return;
+	if (bi->default_index >= 0)
+		(void) idem_probe(pd->oids[bi->default_index], scope, key, now,
+						  snapshot, rec);
+}
+
+
+/* ----------------------------------------------------------------
+ * Writing
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * The partition a record with this expires_at belongs in.
+ */
+static Oid
+idem_route(Relation parent, TimestampTz expires_at)
+{
+	PartitionDesc pd = RelationGetPartitionDesc(parent, true);
+	PartitionBoundInfo bi = pd->boundinfo;
+	int			index = -1;
+	int			i;
+
+	if (bi != NULL)
+	{
+		for (i = 0; i < bi->ndatums; i++)
+		{
+			if (expires_at < idem_bound_value(bi, i))
+			{
+				index = bi->indexes[i];
+				break;
+			}
+		}
+		if (index < 0)
+			index = bi->default_index;
+	}
+	if (index < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_CHECK_VIOLATION),
+				 errmsg("no partition of relation \"%s\" found for row",
+						RelationGetRelationName(parent)),
+				 errhint("Run idempotency.idem_maintain() to create the partitions, or re-create the DEFAULT partition.")));
+	return pd->oids[index];
+}
+
+/*
+ * Insert the index entries of a new heap tuple, as CatalogIndexInsert does
+ * for catalogs, with expression and partial indexes handled too.
+ */
+static void
+idem_insert_index_entries(Relation rel, HeapTuple tuple)
+{
+	List	   *indexes = RelationGetIndexList(rel);
+	ListCell   *lc;
+	TupleTableSlot *slot;
+	EState	   *estate = NULL;
+
+	slot = MakeSingleTupleTableSlot(RelationGetDescr(rel), &TTSOpsHeapTuple);
+	ExecStoreHeapTuple(tuple, slot, false);
+
+	foreach(lc, indexes)
+	{
+		Relation	index = index_open(lfirst_oid(lc), RowExclusiveLock);
+		IndexInfo  *info = BuildIndexInfo(index);
+		Datum		values[INDEX_MAX_KEYS];
+		bool		isnull[INDEX_MAX_KEYS];
+
+		if (info->ii_ReadyForInserts)
+		{
+			bool		wanted = true;
+
+			if (estate == NULL &&
+				(info->ii_Expressions != NIL || info->ii_Predicate != NIL))
+			{
+				estate = CreateExecutorState();
+				GetPerTupleExprContext(estate)->ecxt_scantuple = slot;
+			}
+			if (info->ii_Predicate != NIL)
+				wanted = ExecQual(ExecPrepareQual(info->ii_Predicate, estate),
+								  GetPerTupleExprContext(estate));
+			if (wanted)
+			{
+				FormIndexDatum(info, slot, estate, values, isnull);
+				(void) index_insert(index, values, isnull, &tuple->t_self, rel,
+									info->ii_Unique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
+									false, info);
+			}
+		}
+		index_close(index, NoLock);
+	}
+
+	if (estate != NULL)
+		FreeExecutorState(estate);
+	ExecDropSingleTupleTableSlot(slot);
+	list_free(indexes);
+}
+
+/*
+ * Form a heap tuple of partition rel from the record's column values.
+ */
+static HeapTuple
+idem_form_tuple(Relation rel, const IdemPartition *part,
+				const Datum *colvalues, const bool *colnulls)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	Datum	   *values = palloc(sizeof(Datum) * desc->natts);
+	bool	   *nulls = palloc(sizeof(bool) * desc->natts);
+	int			i;
+
+	for (i = 0; i < desc->natts; i++)
+		nulls[i] = true;		/* dropped columns stay NULL */
+	for (i = 0; i < IDEM_NCOLUMNS; i++)
+	{
+		values[part->attnum[i] - 1] = colvalues[i];
+		nulls[part->attnum[i] - 1] = colnulls[i];
+	}
+	return heap_form_tuple(desc, values, nulls);
+}
+
+/*
+ * Column values of an existing record, for an update to start from.
+ */
+static void
+idem_record_columns(const IdemRecord *rec, text *scope, text *key,
+					Datum *values, bool *nulls)
+{
+	values[COL_SCOPE] = PointerGetDatum(scope);
+	nulls[COL_SCOPE] = false;
+	values[COL_KEY] = PointerGetDatum(key);
+	nulls[COL_KEY] = false;
+	values[COL_STATUS] = CStringGetTextDatum(rec->completed ? "completed" : "processing");
+	nulls[COL_STATUS] = false;
+	values[COL_REQUEST_HASH] = rec->request_hash;
+	nulls[COL_REQUEST_HASH] = rec->hash_null;
+	values[COL_RESPONSE_STATUS] = Int32GetDatum(rec->response_status);
+	nulls[COL_RESPONSE_STATUS] = rec->status_null;
+	values[COL_RESPONSE_BODY] = rec->response_body;
+	nulls[COL_RESPONSE_BODY] = rec->body_null;
+	values[COL_ATTEMPT] = Int32GetDatum(rec->attempt);
+	nulls[COL_ATTEMPT] = false;
+	values[COL_CREATED_AT] = TimestampTzGetDatum(rec->created_at);
+	nulls[COL_CREATED_AT] = false;
+	values[COL_LOCKED_UNTIL] = TimestampTzGetDatum(rec->locked_until);
+	nulls[COL_LOCKED_UNTIL] = rec->locked_until_null;
+	values[COL_COMPLETED_AT] = TimestampTzGetDatum(rec->completed_at);
+	nulls[COL_COMPLETED_AT] = rec->completed_at_null;
+	values[COL_EXPIRES_AT] = TimestampTzGetDatum(rec->expires_at);
+	nulls[COL_EXPIRES_AT] = false;
+}
+
+/*
+ * Insert a new processing record (attempt 1).  The caller holds the key lock
+ * and has found no live record.
+ */
+void
+idem_records_insert(Relation parent, text *scope, text *key,
+					bytea *request_hash, TimestampTz now,
+					TimestampTz locked_until, TimestampTz expires_at)
+{
+	Relation	rel;
+	IdemPartition part;
+	HeapTuple	tuple;
+	Datum		values[IDEM_NCOLUMNS];
+	bool		nulls[IDEM_NCOLUMNS];
+	IdemRecord	rec;
+
+	memset(&rec, 0, sizeof(rec));
+	rec.hash_null = (request_hash == NULL);
+	rec.request_hash = PointerGetDatum(request_hash);
+	rec.status_null = true;
+	rec.body_null = true;
+	rec.attempt = 1;
+	rec.created_at = now;
+	rec.locked_until = locked_until;
+	rec.completed_at_null = true;
+	rec.expires_at = expires_at;
+	idem_record_columns(&rec, scope, key, values, nulls);
+
+	idem_prepare_write(parent, ACL_INSERT);
+	rel = table_open(idem_route(parent, expires_at), RowExclusiveLock);
+	idem_partition_info(rel, &part);
+	tuple = idem_form_tuple(rel, &part, values, nulls);
+	simple_heap_insert(rel, tuple);
+	idem_insert_index_entries(rel, tuple);
+	table_close(rel, NoLock);
+
+	CommandCounterIncrement();
+}
+
+/*
+ * Replace the record version rec points at by one with the given columns.
+ */
+static void
+idem_update(const IdemRecord *rec, const Datum *values, const bool *nulls)
+{
+	Relation	rel;
+	IdemPartition part;
+	HeapTuple	tuple;
+
+	rel = table_open(rec->partoid, RowExclusiveLock);
+	idem_partition_info(rel, &part);
+	tuple = idem_form_tuple(rel, &part, values, nulls);
+	simple_heap_update(rel, (ItemPointer) &rec->tid, tuple);
+	if (!HeapTupleIsHeapOnly(tuple))
+		idem_insert_index_entries(rel, tuple);
+	table_close(rel, NoLock);
+
+	CommandCounterIncrement();
+}
+
+/*
+ * Take over a processing record whose lease ran out: the next attempt, a
+ * new lease, and the request hash if the record had none.
+ */
+void
+idem_records_takeover(Relation parent, const IdemRecord *rec, text *scope,
+					  text *key, int32 attempt, TimestampTz locked_until,
+					  bytea *request_hash)
+{
+	Datum		values[IDEM_NCOLUMNS];
+	bool		nulls[IDEM_NCOLUMNS];
+
+	idem_prepare_write(parent, ACL_UPDATE);
+	idem_record_columns(rec, scope, key, values, nulls);
+	values[COL_ATTEMPT] = Int32GetDatum(attempt);
+	values[COL_LOCKED_UNTIL] = TimestampTzGetDatum(locked_until);
+	nulls[COL_LOCKED_UNTIL] = false;
+	if (rec->hash_null && request_hash != NULL)
+	{
+		values[COL_REQUEST_HASH] = PointerGetDatum(request_hash);
+		nulls[COL_REQUEST_HASH] = false;
+	}
+	idem_update(rec, values, nulls);
+}
+
+/*
+ * Turn a processing record into completed with its response.
+ */
+void
+idem_records_complete(Relation parent, const IdemRecord *rec, text *scope,
+					  text *key, int32 status, Datum body, bool body_null,
+					  TimestampTz now)
+{
+	Datum		values[IDEM_NCOLUMNS];
+	bool		nulls[IDEM_NCOLUMNS];
+
+	idem_prepare_write(parent, ACL_UPDATE);
+	idem_record_columns(rec, scope, key, values, nulls);
+	values[COL_STATUS] = CStringGetTextDatum("completed");
+	values[COL_RESPONSE_STATUS] = Int32GetDatum(status);
+	nulls[COL_RESPONSE_STATUS] = false;
+	values[COL_RESPONSE_BODY] = body;
+	nulls[COL_RESPONSE_BODY] = body_null;
+	values[COL_COMPLETED_AT] = TimestampTzGetDatum(now);
+	nulls[COL_COMPLETED_AT] = false;
+	idem_update(rec, values, nulls);
+}
+
+/*
+ * Remove a record version.
+ */
+void
+idem_records_delete(Relation parent, const IdemRecord *rec)
+{
+	Relation	rel;
+
+	idem_prepare_write(parent, ACL_DELETE);
+	rel = table_open(rec->partoid, RowExclusiveLock);
+	simple_heap_delete(rel, (ItemPointer) &rec->tid);
+	table_close(rel, NoLock);
+
+	CommandCounterIncrement();
+}
