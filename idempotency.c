@@ -10,35 +10,37 @@
  *
  * Uniqueness.  A partitioned table cannot carry a unique index on (scope,
  * key) without the partition key, so uniqueness of the live record is this
- * module's job.  Every write of a (scope, key) -- claim, takeover, complete,
- * release -- is made while holding a transaction-level ExclusiveLock on a
- * lock tag derived from (database, hash of scope and key), and only after a
- * look across the live partitions made under that lock with the latest
- * snapshot.  Because the lock is held until the writing transaction ends,
- * a second claimant blocks until the first has committed or rolled back,
- * and then sees its outcome.  The tag is an advisory-type tag whose fourth
- * field is IDEM_LOCKTAG_CLASS; the user-facing pg_advisory_* functions only
- * ever use 1 or 2 there, so they can never collide with ours.  A hash
- * collision between two keys only makes them wait for each other.
- *
- * Reads without the lock.  A live completed record never changes and a
- * record's non-NULL request hash never changes, so idem_acquire answers
- * "replay" and "mismatch" from a plain MVCC read, without taking the lock.
+ * module's job, done the way a unique index does it.  Every write of a
+ * (scope, key) -- claim, takeover, complete, release -- is made while
+ * holding an ExclusiveLock on a lock tag derived from (database, hash of
+ * scope and key), after a read of the live partitions with a dirty
+ * snapshot, which sees committed versions and also the versions other
+ * transactions are still writing.  If another transaction is writing the
+ * record, we let go of the key lock, wait for that transaction to end, and
+ * read again; otherwise we write and let go of the key lock at once.  The
+ * key lock thus covers only the read and the write after it: a transaction
+ * that claims many keys holds no lock per key, and a duplicate of a claim
+ * made in an open transaction waits on that transaction itself.  The tag is
+ * an advisory-type tag whose fourth field is IDEM_LOCKTAG_CLASS; the
+ * user-facing pg_advisory_* functions only ever use 1 or 2 there, so they
+ * cannot collide with ours.  A hash collision between two keys only makes
+ * them take turns.
  *
  * Waiting.  A duplicate of a claim still running waits up to
  * idempotency.wait_timeout.  While the claiming transaction is open, the
- * wait is a real heavyweight-lock wait (no CPU, woken at once when the
- * holder ends, visible in pg_locks, covered by deadlock detection); its
- * timeout is implemented with PostgreSQL's own lock_timeout machinery inside
- * a subtransaction, entered only when the lock is contended.  Once the claim
- * is committed as 'processing' (lease mode, across transactions) nobody
- * holds the lock, so the duplicate sleeps on its latch in short, growing
- * steps and looks again.  Both waits answer query cancel, statement_timeout
- * and lock_timeout.
+ * wait is a real heavyweight-lock wait on that transaction (no CPU, woken at
+ * once when it ends, visible in pg_locks, covered by deadlock detection);
+ * its timeout is implemented with PostgreSQL's own lock_timeout machinery
+ * inside a subtransaction, entered only when there is something to wait
+ * for.  Once the claim is committed as 'processing' (lease mode, across
+ * transactions) there is no transaction to wait for, so the duplicate sleeps
+ * on its latch in short, growing steps and reads again.  Both waits answer
+ * query cancel, statement_timeout and lock_timeout.
  *
- * Snapshots.  Under REPEATABLE READ or SERIALIZABLE, a record visible to the
- * latest snapshot but not to the transaction's snapshot was committed after
- * the snapshot was taken: acting on it, or ignoring it, would break either
+ * Snapshots.  Under REPEATABLE READ or SERIALIZABLE, the record we act on
+ * must also be what the transaction's snapshot sees; if it was claimed,
+ * completed, taken over or released by a transaction that committed after
+ * the snapshot was taken, acting on it or ignoring it would break either
  * isolation or idempotency, so we raise serialization_failure.
  *
  * Clock.  "Now" is the server's clock at the time of the call
@@ -60,6 +62,7 @@
 #include <limits.h>
 
 #include "access/detoast.h"
+#include "access/subtrans.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "common/cryptohash.h"
@@ -74,6 +77,7 @@
 #include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "storage/proc.h"
+#include "storage/procarray.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
@@ -414,7 +418,7 @@ idem_hash_mismatch(const IdemRecord *rec, const bytea *hash)
 
 
 /* ----------------------------------------------------------------
- * The key lock
+ * Locks and waits
  * ----------------------------------------------------------------
  */
 
@@ -435,76 +439,67 @@ idem_key_locktag(LOCKTAG *tag, text *scope, text *key)
 }
 
 /*
- * Acquire or release the key lock on behalf of the current (sub)transaction.
+ * Acquire or release a lock on behalf of the current (sub)transaction.
  *
- * The lock is a transaction lock, but it is made the current transaction
- * level's resource owner's rather than the running portal's, so that it
- * stays releasable by idem_unlock_key after the subtransaction of
- * idem_lock_key_timed has handed it to its parent.
+ * The locks are transaction locks, but they are made the current
+ * transaction level's resource owner's rather than the running portal's,
+ * so that they stay releasable by idem_unlock after the subtransaction of
+ * idem_wait_lock has handed them to its parent.
  */
 static LockAcquireResult
-idem_lock_acquire(const LOCKTAG *tag, bool dontWait)
+idem_lock(const LOCKTAG *tag, LOCKMODE mode, bool dontWait)
 {
 	ResourceOwner save_owner = CurrentResourceOwner;
 	LockAcquireResult result;
 
 	CurrentResourceOwner = CurTransactionResourceOwner;
-	result = LockAcquire(tag, ExclusiveLock, false, dontWait);
+	result = LockAcquire(tag, mode, false, dontWait);
 	CurrentResourceOwner = save_owner;
 	return result;
 }
 
 static void
-idem_unlock_key(const LOCKTAG *tag)
+idem_unlock(const LOCKTAG *tag, LOCKMODE mode)
 {
 	ResourceOwner save_owner = CurrentResourceOwner;
 
 	CurrentResourceOwner = CurTransactionResourceOwner;
-	LockRelease(tag, ExclusiveLock, false);
+	LockRelease(tag, mode, false);
 	CurrentResourceOwner = save_owner;
 }
 
 /*
- * Take the key lock, waiting as long as needed (lock_timeout, cancel and
- * deadlock detection apply as to any lock).  Used by the functions that
- * change a record the caller already owns.
- */
-static void
-idem_lock_key(const LOCKTAG *tag)
-{
-	(void) idem_lock_acquire(tag, false);
-}
-
-/*
- * Take the key lock, waiting at most timeout_ms.  Returns false if it could
- * not be had in time.
+ * Take a lock, waiting at most timeout_ms.  Returns false if it could not be
+ * had in time.
  *
  * The uncontended case costs one lock-table probe.  Otherwise we wait in the
- * lock manager's own queue, with lock_timeout temporarily set to our
- * timeout, inside a subtransaction so that the lock timeout error can be
- * caught and turned into "not acquired".  If the caller's own lock_timeout
- * is shorter it is left in charge and its error reaches the caller, as for
- * any lock.  Any other error (cancel, statement_timeout, deadlock) is
- * re-thrown unchanged, and a statement timeout that fired together with our
- * lock timeout is raised rather than lost.  (A query cancel that arrives in
- * the same instant as our timeout is indistinguishable from it and is lost;
- * the caller gets in_progress.)
+ * lock manager's own queue (no CPU, woken as soon as the holder lets go,
+ * visible in pg_locks, covered by deadlock detection), with lock_timeout
+ * temporarily set to our timeout, inside a subtransaction so that the lock
+ * timeout error can be caught and turned into "not acquired".  If the
+ * caller's own lock_timeout is shorter it is left in charge and its error
+ * reaches the caller, as for any lock.  Any other error (cancel,
+ * statement_timeout, deadlock) is re-thrown unchanged, and a statement
+ * timeout that fired together with our lock timeout is raised rather than
+ * lost.  (A query cancel that arrives in the same instant as our timeout is
+ * indistinguishable from it and is lost; the caller then sees a timeout.)
  */
 static bool
-idem_lock_key_timed(const LOCKTAG *tag, int timeout_ms)
+idem_wait_lock(const LOCKTAG *tag, LOCKMODE mode, long timeout_ms)
 {
 	MemoryContext oldcontext = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
 	int			save_lock_timeout = LockTimeout;
 	volatile bool acquired = false;
 
-	if (idem_lock_acquire(tag, true) != LOCKACQUIRE_NOT_AVAIL)
+	if (idem_lock(tag, mode, true) != LOCKACQUIRE_NOT_AVAIL)
 		return true;
 	if (timeout_ms <= 0)
 		return false;
+	timeout_ms = Min(timeout_ms, INT_MAX);
 	if (LockTimeout > 0 && LockTimeout <= timeout_ms)
 	{
-		idem_lock_key(tag);
+		(void) idem_lock(tag, mode, false);
 		return true;
 	}
 
@@ -513,8 +508,8 @@ idem_lock_key_timed(const LOCKTAG *tag, int timeout_ms)
 
 	PG_TRY();
 	{
-		LockTimeout = timeout_ms;
-		idem_lock_key(tag);
+		LockTimeout = (int) timeout_ms;
+		(void) idem_lock(tag, mode, false);
 		/* a lock timeout that fired just as the lock was granted lands here */
 		CHECK_FOR_INTERRUPTS();
 		LockTimeout = save_lock_timeout;
@@ -558,6 +553,34 @@ idem_lock_key_timed(const LOCKTAG *tag, int timeout_ms)
 	return acquired;
 }
 
+/*
+ * Wait until transaction xid has ended, but not past deadline.  Returns
+ * false if it is still running at the deadline.
+ *
+ * As XactLockTableWait does: the lock of a subtransaction goes when the
+ * subtransaction ends, so if xid is still in progress once its lock was
+ * granted, it was a subtransaction that committed into its parent, and we
+ * wait for the top-level transaction.
+ */
+static bool
+idem_wait_xact(TransactionId xid, TimestampTz deadline)
+{
+	for (;;)
+	{
+		LOCKTAG		tag;
+
+		SET_LOCKTAG_TRANSACTION(tag, xid);
+		if (!idem_wait_lock(&tag, ShareLock,
+							TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
+															deadline)))
+			return false;
+		idem_unlock(&tag, ShareLock);
+		if (!TransactionIdIsInProgress(xid))
+			return true;
+		xid = SubTransGetTopmostTransaction(xid);
+	}
+}
+
 
 /* ----------------------------------------------------------------
  * Reading records
@@ -580,51 +603,82 @@ idem_serialization_error(text *key)
 }
 
 /*
- * Read the live record of (scope, key) as of now into *rec.
- *
- * latest = false reads with the snapshot a query of the caller would use.
- * latest = true reads with the latest snapshot, as needed under the key lock
- * to see the outcome of the transaction we may just have waited for; under
- * REPEATABLE READ or SERIALIZABLE a record found that way but invisible to
- * the transaction's snapshot, or a record the transaction's snapshot sees
- * but that is gone now, raises serialization_failure.  hint is where the
- * record most likely is (see idem_records_find).
+ * Read the live record of (scope, key) with the snapshot a query of the
+ * caller would use.  hint is where the record most likely is (see
+ * idem_records_find).
  */
 static void
-idem_lookup_record(Relation parent, text *scope, text *key, TimestampTz now,
-				   TimestampTz hint, bool latest, IdemRecord *rec)
+idem_read_mvcc(Relation parent, text *scope, text *key, TimestampTz now,
+			   TimestampTz hint, IdemRecord *rec)
 {
-	Snapshot	snapshot;
+	Snapshot	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 
-	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() :
-								GetTransactionSnapshot());
 	idem_records_find(parent, scope, key, now, hint, snapshot, rec);
 	UnregisterSnapshot(snapshot);
+}
 
-	if (!latest || !IsolationUsesXactSnapshot())
+/*
+ * Read the live record of (scope, key) as the key lock holder must before it
+ * writes: with a dirty snapshot, which sees every committed version and also
+ * those that other transactions are still writing (rec->waitxid then names
+ * the transaction to wait for).
+ */
+static void
+idem_read_dirty(Relation parent, text *scope, text *key, TimestampTz now,
+				TimestampTz hint, IdemRecord *rec)
+{
+	SnapshotData dirty;
+
+	InitDirtySnapshot(dirty);
+	idem_records_find(parent, scope, key, now, hint, &dirty, rec);
+}
+
+/*
+ * Under REPEATABLE READ or SERIALIZABLE, check that the transaction's
+ * snapshot sees the same record (or the same absence of one) that the dirty
+ * read found and we are about to act on.  If not, the record was claimed,
+ * completed, taken over or released by a transaction that committed after
+ * the snapshot: acting on it, or ignoring it, would break isolation or
+ * idempotency, so raise serialization_failure.  The read also gives SSI the
+ * predicate locks of an ordinary read.
+ */
+static void
+idem_check_snapshot(Relation parent, text *scope, text *key, TimestampTz now,
+					TimestampTz hint, const IdemRecord *current)
+{
+	IdemRecord	seen;
+
+	if (!IsolationUsesXactSnapshot())
 		return;
+	idem_read_mvcc(parent, scope, key, now, hint, &seen);
+	if (seen.found != current->found ||
+		(seen.found && seen.xmin != current->xmin))
+		idem_serialization_error(key);
+}
 
-	if (rec->found)
+/*
+ * Lock the key and read its record with a dirty snapshot, waiting for any
+ * other transaction still writing the record (lock_timeout and cancel apply
+ * as to any lock), until the record found is committed or our own.  For the
+ * functions that change a record a claim already exists for.
+ */
+static void
+idem_lock_and_read(Relation parent, const LOCKTAG *tag, text *scope,
+				   text *key, TimestampTz *now, IdemRecord *rec)
+{
+	for (;;)
 	{
-		if (!TransactionIdIsCurrentTransactionId(rec->xmin) &&
-			XidInMVCCSnapshot(rec->xmin, GetTransactionSnapshot()))
-			idem_serialization_error(key);
+		(void) idem_lock(tag, ExclusiveLock, false);
+		*now = GetCurrentTimestamp();
+		idem_read_dirty(parent, scope, key, *now,
+						*now + idem_default_ttl_usecs(), rec);
+		if (!rec->found || !TransactionIdIsValid(rec->waitxid))
+			break;
+		idem_unlock(tag, ExclusiveLock);
+		XactLockTableWait(rec->waitxid, NULL, NULL, XLTW_None);
 	}
-	else
-	{
-		IdemRecord	seen;
-
-		/*
-		 * Nothing live now.  If the transaction's snapshot still sees a
-		 * record (one released after the snapshot was taken), a new claim
-		 * would leave two records visible to this transaction.
-		 */
-		snapshot = RegisterSnapshot(GetTransactionSnapshot());
-		idem_records_find(parent, scope, key, now, hint, snapshot, &seen);
-		UnregisterSnapshot(snapshot);
-		if (seen.found)
-			idem_serialization_error(key);
-	}
+	idem_check_snapshot(parent, scope, key, *now,
+						*now + idem_default_ttl_usecs(), rec);
 }
 
 /*
@@ -662,9 +716,9 @@ idem_attempt_error(text *key, int32 given, const IdemRecord *rec)
  */
 
 /*
- * Decide the outcome of acquire from a visible record, without writing.
- * Returns true with *outcome set where the record settles it (replay or
- * mismatch); a processing record with a matching hash does not.
+ * Decide the outcome of acquire from a committed (or own) record, without
+ * writing.  Returns true with *outcome set where the record settles it
+ * (replay or mismatch); a processing record with a matching hash does not.
  */
 static bool
 idem_settled(const IdemRecord *rec, const bytea *hash, IdemOutcome *outcome)
@@ -689,7 +743,7 @@ idem_settled(const IdemRecord *rec, const bytea *hash, IdemOutcome *outcome)
  *		returns table (outcome, response_status, response_body, attempt,
  *					   expires_at)
  *
- * Always exactly one row.  See the file header for the locking protocol.
+ * Always exactly one row.  See the file header for the protocol.
  */
 Datum
 idem_acquire(PG_FUNCTION_ARGS)
@@ -701,16 +755,14 @@ idem_acquire(PG_FUNCTION_ARGS)
 	int64		ttl;
 	int64		lease;
 	LOCKTAG		tag;
-	TimestampTz start;
 	TimestampTz deadline;
 	TimestampTz now;
+	TimestampTz hint;
 	IdemRecord	rec;
 	IdemOutcome outcome;
 	bool		have_record = false;
-	bool		locked;
 	int			poll_ms = IDEM_POLL_MIN_MS;
 	Relation	parent;
-	TimestampTz hint;
 	Datum		values[5];
 	bool		nulls[5];
 
@@ -724,63 +776,69 @@ idem_acquire(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	parent = idem_records_open();
 
-	start = GetCurrentTimestamp();
-	deadline = TimestampTzPlusMilliseconds(start, idem_wait_timeout);
-	hint = start + ttl;
+	now = GetCurrentTimestamp();
+	deadline = TimestampTzPlusMilliseconds(now, idem_wait_timeout);
+	hint = now + ttl;
 	idem_key_locktag(&tag, scope, key);
-
-	/*
-	 * Uncontended, take the key lock at once: one look under it settles
-	 * everything.  Contended, first look without it, since a completed or
-	 * mismatching record answers at once (the lock holder cannot change it).
-	 */
-	locked = idem_lock_acquire(&tag, true) != LOCKACQUIRE_NOT_AVAIL;
-	if (!locked)
-	{
-		idem_lookup_record(parent, scope, key, start, hint, false, &rec);
-		if (idem_settled(&rec, hash, &outcome))
-		{
-			have_record = true;
-			goto done;
-		}
-	}
 
 	for (;;)
 	{
 		long		remaining_ms;
 
-		if (!locked)
+		/*
+		 * The key lock is only ever held across a read and the write that
+		 * follows it, so a wait for it is short; it runs out only when the
+		 * holder is stuck.
+		 */
+		remaining_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
+													   deadline);
+		if (!idem_wait_lock(&tag, ExclusiveLock, remaining_ms))
 		{
-			remaining_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
-														   deadline);
-			if (!idem_lock_key_timed(&tag, (int) Min(remaining_ms, INT_MAX)))
-			{
-				/*
-				 * The claiming transaction is still open after wait_timeout.
-				 * What it committed before (a processing record now being
-				 * completed or taken over) may still settle the answer.
-				 */
-				idem_lookup_record(parent, scope, key, GetCurrentTimestamp(),
-								   hint, false, &rec);
-				have_record = rec.found;
-				if (!idem_settled(&rec, hash, &outcome))
-					outcome = IDEM_IN_PROGRESS;
-				break;
-			}
-			locked = true;
+			idem_read_mvcc(parent, scope, key, GetCurrentTimestamp(), hint,
+						   &rec);
+			have_record = rec.found;
+			if (!idem_settled(&rec, hash, &outcome))
+				outcome = IDEM_IN_PROGRESS;
+			break;
 		}
 
-		/* We hold the key lock: nobody else can change this key now. */
 		now = GetCurrentTimestamp();
-		idem_lookup_record(parent, scope, key, now, hint, true, &rec);
+		idem_read_dirty(parent, scope, key, now, hint, &rec);
+
+		if (rec.found && TransactionIdIsValid(rec.waitxid))
+		{
+			/*
+			 * Another transaction is still writing the record.  A version it
+			 * updates or deletes was committed, and a request hash never
+			 * changes once set, so that can answer mismatch at once.  A
+			 * version it inserts is a claim whose fate, mismatch included,
+			 * is known when that transaction ends: wait for it.
+			 */
+			idem_unlock(&tag, ExclusiveLock);
+			if (!rec.wait_insert && idem_hash_mismatch(&rec, hash))
+			{
+				have_record = true;
+				outcome = IDEM_MISMATCH;
+				break;
+			}
+			if (!idem_wait_xact(rec.waitxid, deadline))
+			{
+				have_record = !rec.wait_insert;
+				outcome = IDEM_IN_PROGRESS;
+				break;
+			}
+			continue;
+		}
+
+		/* Committed or our own: we may act on it under the key lock. */
+		idem_check_snapshot(parent, scope, key, now, hint, &rec);
 		have_record = rec.found;
 
 		if (!rec.found)
 		{
 			idem_records_insert(parent, scope, key, hash, now, now + lease,
 								now + ttl);
-
-			rec.found = true;
+			idem_unlock(&tag, ExclusiveLock);
 			rec.attempt = 1;
 			rec.expires_at = now + ttl;
 			have_record = true;
@@ -788,17 +846,17 @@ idem_acquire(PG_FUNCTION_ARGS)
 			break;
 		}
 
-		/*
-		 * Replay, mismatch, or our own claim from earlier in this
-		 * transaction: nothing to write, so let the next duplicate in now
-		 * rather than at our commit.
-		 */
-		if (idem_settled(&rec, hash, &outcome) ||
-			TransactionIdIsCurrentTransactionId(rec.xmin))
+		if (idem_settled(&rec, hash, &outcome))
 		{
-			if (!rec.completed && !idem_hash_mismatch(&rec, hash))
-				outcome = IDEM_IN_PROGRESS;
-			idem_unlock_key(&tag);
+			idem_unlock(&tag, ExclusiveLock);
+			break;
+		}
+
+		/* Our own claim, from earlier in this transaction */
+		if (TransactionIdIsCurrentTransactionId(rec.xmin))
+		{
+			idem_unlock(&tag, ExclusiveLock);
+			outcome = IDEM_IN_PROGRESS;
 			break;
 		}
 
@@ -807,7 +865,7 @@ idem_acquire(PG_FUNCTION_ARGS)
 		{
 			idem_records_takeover(parent, &rec, scope, key, rec.attempt + 1,
 								  Min(now + lease, rec.expires_at), hash);
-
+			idem_unlock(&tag, ExclusiveLock);
 			rec.attempt++;
 			outcome = IDEM_ACQUIRED;
 			break;
@@ -815,12 +873,9 @@ idem_acquire(PG_FUNCTION_ARGS)
 
 		/*
 		 * Committed, still processing, lease still running: the lease holder
-		 * is working across transactions.  Let go of the key lock, so that
-		 * its idem_complete can get in, and look again in a moment.
+		 * is working across transactions.  Look again in a moment.
 		 */
-		idem_unlock_key(&tag);
-		locked = false;
-
+		idem_unlock(&tag, ExclusiveLock);
 		remaining_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
 													   deadline);
 		if (remaining_ms <= 0)
@@ -837,7 +892,6 @@ idem_acquire(PG_FUNCTION_ARGS)
 		poll_ms = Min(poll_ms * 2, IDEM_POLL_MAX_MS);
 	}
 
-done:
 	memset(nulls, true, sizeof(nulls));
 	values[0] = CStringGetTextDatum(idem_outcome_names[outcome]);
 	nulls[0] = false;
@@ -887,7 +941,7 @@ idem_complete(PG_FUNCTION_ARGS)
 	TimestampTz now;
 	IdemRecord	rec;
 	Relation	parent;
-	bool		result;
+	bool		result = false;
 
 	key = idem_check_ident(fcinfo, 0, true);
 	scope = idem_check_ident(fcinfo, 3, false);
@@ -916,23 +970,13 @@ idem_complete(PG_FUNCTION_ARGS)
 
 	parent = idem_records_open();
 	idem_key_locktag(&tag, scope, key);
-	idem_lock_key(&tag);
+	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
 
-	now = GetCurrentTimestamp();
-	idem_lookup_record(parent, scope, key, now, now + idem_default_ttl_usecs(),
-					   true, &rec);
 	if (!rec.found)
 		idem_no_record_error(scope, key);
 	if (check_attempt && attempt != rec.attempt)
 		idem_attempt_error(key, attempt, &rec);
-
-	if (rec.completed)
-	{
-		/* nothing written: do not make duplicates wait for our commit */
-		idem_unlock_key(&tag);
-		result = false;
-	}
-	else
+	if (!rec.completed)
 	{
 		idem_records_complete(parent, &rec, scope, key, status,
 							  PG_ARGISNULL(2) ? (Datum) 0 :
@@ -940,6 +984,7 @@ idem_complete(PG_FUNCTION_ARGS)
 							  PG_ARGISNULL(2), now);
 		result = true;
 	}
+	idem_unlock(&tag, ExclusiveLock);
 
 	idem_records_close(parent);
 	PG_RETURN_BOOL(result);
@@ -971,11 +1016,8 @@ idem_release(PG_FUNCTION_ARGS)
 
 	parent = idem_records_open();
 	idem_key_locktag(&tag, scope, key);
-	idem_lock_key(&tag);
+	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
 
-	now = GetCurrentTimestamp();
-	idem_lookup_record(parent, scope, key, now, now + idem_default_ttl_usecs(),
-					   true, &rec);
 	if (rec.found)
 	{
 		if (check_attempt && attempt != rec.attempt)
@@ -986,9 +1028,7 @@ idem_release(PG_FUNCTION_ARGS)
 			result = true;
 		}
 	}
-	/* nothing written: do not make duplicates wait for our commit */
-	if (!result)
-		idem_unlock_key(&tag);
+	idem_unlock(&tag, ExclusiveLock);
 
 	idem_records_close(parent);
 	PG_RETURN_BOOL(result);
@@ -1023,8 +1063,8 @@ idem_lookup(PG_FUNCTION_ARGS)
 	parent = idem_records_open();
 
 	now = GetCurrentTimestamp();
-	idem_lookup_record(parent, scope, key, now, now + idem_default_ttl_usecs(),
-					   false, &rec);
+	idem_read_mvcc(parent, scope, key, now, now + idem_default_ttl_usecs(),
+				   &rec);
 	if (rec.found)
 	{
 		Datum		values[9];

@@ -24,11 +24,16 @@
  * The live record of a (scope, key), as a probe found it.  Pass-by-reference
  * values are copies in the caller's memory context, detoasted.  partoid and
  * tid say where the row version is, for idem_records_update/_delete, and are
- * valid while the caller holds the key lock.
+ * valid while the caller holds the key lock and waitxid is invalid.
  */
 typedef struct IdemRecord
 {
 	bool		found;
+	TransactionId waitxid;		/* with a dirty snapshot: the transaction
+								 * still inserting, updating or deleting this
+								 * version, else InvalidTransactionId */
+	bool		wait_insert;	/* waitxid is inserting it (a claim not yet
+								 * committed), not updating or deleting it */
 	Oid			partoid;
 	ItemPointerData tid;
 	TransactionId xmin;

@@ -54,6 +54,7 @@
 #include "nodes/execnodes.h"
 #include "partitioning/partbounds.h"
 #include "partitioning/partdesc.h"
+#include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "tcop/utility.h"
 #include "utils/acl.h"
@@ -425,6 +426,18 @@ idem_probe(Oid relid, text *scope, text *key, TimestampTz now,
 	bool		found = false;
 
 	rel = table_open(relid, AccessShareLock);
+
+	/*
+	 * Partitions made ahead for future ranges are empty: one lseek says so,
+	 * where an index probe costs much more.  A version of this key can only
+	 * have been written under the key lock, after its page was added.
+	 */
+	if (RelationGetNumberOfBlocks(rel) == 0)
+	{
+		table_close(rel, NoLock);
+		return false;
+	}
+
 	idem_partition_info(rel, &part);
 	index = index_open(part.indexoid, AccessShareLock);
 
@@ -449,6 +462,18 @@ idem_probe(Oid relid, text *scope, text *key, TimestampTz now,
 		if (!isnull && expires_at > now)
 		{
 			idem_fill_record(rec, rel, &part, slot);
+
+			/*
+			 * A dirty snapshot also returns versions whose inserting,
+			 * updating or deleting transaction is still open, and says
+			 * which transaction that is.
+			 */
+			if (snapshot->snapshot_type == SNAPSHOT_DIRTY)
+			{
+				rec->wait_insert = TransactionIdIsValid(snapshot->xmin);
+				rec->waitxid = rec->wait_insert ?
+					snapshot->xmin : snapshot->xmax;
+			}
 			found = true;
 			break;
 		}
@@ -463,6 +488,8 @@ idem_probe(Oid relid, text *scope, text *key, TimestampTz now,
 
 /*
  * Find the live record of (scope, key) as of now, as seen by snapshot.
+ * With a dirty snapshot (InitDirtySnapshot), a version that another
+ * transaction is still writing is found too, and rec->waitxid names it.
  *
  * Only partitions whose range ends after now can hold a live record.  They
  * are probed starting with the one that holds expires_at = hint (where a

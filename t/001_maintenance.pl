@@ -264,7 +264,7 @@ SELECT count(*) FILTER (WHERE a.outcome = 'replay' AND a.response_status = 201)
 	'50',
 	'every live record survived catch-up and replays');
 is( $node->safe_psql(
-		'catchup', q{
+		'catchup', qq{
 SELECT count(*) FROM idempotency.partitions
  WHERE NOT is_default AND range_end <= '$before_run'}),
 	'0',
