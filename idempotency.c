@@ -78,6 +78,7 @@
 #include "storage/lock.h"
 #include "storage/proc.h"
 #include "storage/procarray.h"
+#include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
@@ -490,6 +491,7 @@ idem_wait_lock(const LOCKTAG *tag, LOCKMODE mode, long timeout_ms)
 	MemoryContext oldcontext = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
 	int			save_lock_timeout = LockTimeout;
+	bool		statement_timer_armed;
 	volatile bool acquired = false;
 
 	if (idem_lock(tag, mode, true) != LOCKACQUIRE_NOT_AVAIL)
@@ -503,6 +505,7 @@ idem_wait_lock(const LOCKTAG *tag, LOCKMODE mode, long timeout_ms)
 		return true;
 	}
 
+	statement_timer_armed = get_timeout_active(STATEMENT_TIMEOUT);
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(oldcontext);
 
@@ -540,10 +543,10 @@ idem_wait_lock(const LOCKTAG *tag, LOCKMODE mode, long timeout_ms)
 		/*
 		 * When the statement timeout fired too, the interrupt handler
 		 * reported only the lock timeout, which came first, and cleared
-		 * both.  The statement timer is active for the whole statement
-		 * unless it has fired, so its being inactive tells us.
+		 * both.  A statement timer that was armed before the wait and is
+		 * not any more has fired.
 		 */
-		if (StatementTimeout > 0 && !get_timeout_active(STATEMENT_TIMEOUT))
+		if (statement_timer_armed && !get_timeout_active(STATEMENT_TIMEOUT))
 			ereport(ERROR,
 					(errcode(ERRCODE_QUERY_CANCELED),
 					 errmsg("canceling statement due to statement timeout")));
@@ -557,27 +560,48 @@ idem_wait_lock(const LOCKTAG *tag, LOCKMODE mode, long timeout_ms)
  * Wait until transaction xid has ended, but not past deadline.  Returns
  * false if it is still running at the deadline.
  *
- * As XactLockTableWait does: the lock of a subtransaction goes when the
- * subtransaction ends, so if xid is still in progress once its lock was
- * granted, it was a subtransaction that committed into its parent, and we
- * wait for the top-level transaction.
+ * The lock of a subtransaction goes when the subtransaction ends, even when
+ * it commits into its parent, whose outcome then decides.  So, once the lock
+ * of the transaction we wait on is granted while xid is still in progress,
+ * we wait on its parent, and so on up: a rollback to a savepoint at any
+ * level ends the wait at once.  (XactLockTableWait jumps to the top-level
+ * transaction instead, which would wait past such a rollback.)
  */
 static bool
 idem_wait_xact(TransactionId xid, TimestampTz deadline)
 {
+	TransactionId waiton = xid;
+
 	for (;;)
 	{
 		LOCKTAG		tag;
+		TransactionId parent;
 
-		SET_LOCKTAG_TRANSACTION(tag, xid);
+		SET_LOCKTAG_TRANSACTION(tag, waiton);
 		if (!idem_wait_lock(&tag, ShareLock,
 							TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
 															deadline)))
 			return false;
 		idem_unlock(&tag, ShareLock);
+		CHECK_FOR_INTERRUPTS();
+
 		if (!TransactionIdIsInProgress(xid))
 			return true;
-		xid = SubTransGetTopmostTransaction(xid);
+
+		parent = SubTransGetParent(waiton);
+		if (TransactionIdIsValid(parent))
+			waiton = parent;
+		else
+		{
+			/*
+			 * A top-level transaction in progress whose lock we could take:
+			 * it is just ending.  Look again in a moment, as
+			 * XactLockTableWait does.
+			 */
+			if (GetCurrentTimestamp() >= deadline)
+				return false;
+			pg_usleep(1000L);
+		}
 	}
 }
 
@@ -651,8 +675,21 @@ idem_check_snapshot(Relation parent, text *scope, text *key, TimestampTz now,
 	if (!IsolationUsesXactSnapshot())
 		return;
 	idem_read_mvcc(parent, scope, key, now, hint, &seen);
+
+	/*
+	 * Compare what the record says rather than row versions: maintenance
+	 * moving a record out of the DEFAULT partition makes a new version of
+	 * an unchanged record.  A claim has its own created_at; a takeover
+	 * changes attempt and locked_until; completion changes completed.
+	 */
 	if (seen.found != current->found ||
-		(seen.found && seen.xmin != current->xmin))
+		(seen.found &&
+		 (seen.created_at != current->created_at ||
+		  seen.attempt != current->attempt ||
+		  seen.completed != current->completed ||
+		  seen.locked_until_null != current->locked_until_null ||
+		  (!seen.locked_until_null &&
+		   seen.locked_until != current->locked_until))))
 		idem_serialization_error(key);
 }
 
@@ -675,7 +712,7 @@ idem_lock_and_read(Relation parent, const LOCKTAG *tag, text *scope,
 		if (!rec->found || !TransactionIdIsValid(rec->waitxid))
 			break;
 		idem_unlock(tag, ExclusiveLock);
-		XactLockTableWait(rec->waitxid, NULL, NULL, XLTW_None);
+		(void) idem_wait_xact(rec->waitxid, DT_NOEND);
 	}
 	idem_check_snapshot(parent, scope, key, *now,
 						*now + idem_default_ttl_usecs(), rec);
@@ -773,6 +810,9 @@ idem_acquire(PG_FUNCTION_ARGS)
 	if (!PG_ARGISNULL(1))
 		hash = idem_hash_jsonb(PG_GETARG_JSONB_P(1));
 
+	/* a standby can neither claim nor wait for the primary's claims */
+	PreventCommandDuringRecovery("idem_acquire()");
+
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	parent = idem_records_open();
 
@@ -817,6 +857,7 @@ idem_acquire(PG_FUNCTION_ARGS)
 			idem_unlock(&tag, ExclusiveLock);
 			if (!rec.wait_insert && idem_hash_mismatch(&rec, hash))
 			{
+				idem_check_snapshot(parent, scope, key, now, hint, &rec);
 				have_record = true;
 				outcome = IDEM_MISMATCH;
 				break;
@@ -967,6 +1008,7 @@ idem_complete(PG_FUNCTION_ARGS)
 							   size, idem_max_response_bytes)));
 	}
 	check_attempt = idem_check_attempt(fcinfo, 4, &attempt);
+	PreventCommandDuringRecovery("idem_complete()");
 
 	parent = idem_records_open();
 	idem_key_locktag(&tag, scope, key);
@@ -1013,6 +1055,7 @@ idem_release(PG_FUNCTION_ARGS)
 	key = idem_check_ident(fcinfo, 0, true);
 	scope = idem_check_ident(fcinfo, 1, false);
 	check_attempt = idem_check_attempt(fcinfo, 2, &attempt);
+	PreventCommandDuringRecovery("idem_release()");
 
 	parent = idem_records_open();
 	idem_key_locktag(&tag, scope, key);

@@ -18,7 +18,8 @@
  * locks (AccessShareLock on the parent, partitions and indexes read,
  * RowExclusiveLock on what is written), check the caller's privileges on
  * idempotency.records, and make our writes visible to the next command with
- * CommandCounterIncrement.  What we do not do: fire triggers, apply
+ * CommandCounterIncrement, and refuse UPDATE and DELETE where a publication
+ * needs a replica identity the table lacks.  What we do not do: fire triggers, apply
  * row-level security, or evaluate CHECK constraints.  The table is the
  * extension's own; the values written are checked by idempotency.c before
  * they get here.
@@ -432,8 +433,10 @@ idem_probe(Oid relid, text *scope, text *key, TimestampTz now,
 	 * where an index probe costs much more.  A version of this key can only
 	 * have been written under the key lock, after its page was added.
 	 */
-	if (RelationGetNumberOfBlocks(rel) == 0)
+	if (!(IsMVCCSnapshot(snapshot) && IsolationIsSerializable()) &&
+		RelationGetNumberOfBlocks(rel) == 0)
 	{
+		/* (under SERIALIZABLE the index scan's predicate lock is needed) */
 		table_close(rel, NoLock);
 		return false;
 	}
@@ -455,28 +458,38 @@ idem_probe(Oid relid, text *scope, text *key, TimestampTz now,
 	{
 		bool		isnull;
 		TimestampTz expires_at;
+		bool		inserting;
 
 		expires_at = DatumGetTimestampTz(slot_getattr(slot,
 													  part.attnum[COL_EXPIRES_AT],
 													  &isnull));
-		if (!isnull && expires_at > now)
+		if (isnull || expires_at <= now)
+			continue;
+
+		if (snapshot->snapshot_type != SNAPSHOT_DIRTY)
 		{
 			idem_fill_record(rec, rel, &part, slot);
-
-			/*
-			 * A dirty snapshot also returns versions whose inserting,
-			 * updating or deleting transaction is still open, and says
-			 * which transaction that is.
-			 */
-			if (snapshot->snapshot_type == SNAPSHOT_DIRTY)
-			{
-				rec->wait_insert = TransactionIdIsValid(snapshot->xmin);
-				rec->waitxid = rec->wait_insert ?
-					snapshot->xmin : snapshot->xmax;
-			}
 			found = true;
 			break;
 		}
+
+		/*
+		 * A dirty snapshot also returns versions whose inserting, updating
+		 * or deleting transaction is still open, and says which transaction
+		 * that is.  A transaction updating a committed record makes a new
+		 * version it is inserting; the index may return either first, and
+		 * the committed one is what the caller must judge (its hash answers
+		 * mismatch at once), so keep looking past a version being inserted.
+		 */
+		inserting = TransactionIdIsValid(snapshot->xmin);
+		if (found && inserting)
+			continue;
+		idem_fill_record(rec, rel, &part, slot);
+		rec->wait_insert = inserting;
+		rec->waitxid = inserting ? snapshot->xmin : snapshot->xmax;
+		found = true;
+		if (!inserting)
+			break;
 	}
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
@@ -584,10 +597,14 @@ idem_route(Relation parent, TimestampTz expires_at)
 
 /*
  * Insert the index entries of a new heap tuple, as CatalogIndexInsert does
- * for catalogs, with expression and partial indexes handled too.
+ * for catalogs, with expression and partial indexes handled too.  update:
+ * the tuple is a new version of a row (its indexed columns unchanged);
+ * summarizing_only: only summarizing (BRIN) indexes need the entry, after a
+ * HOT update on PostgreSQL 16 and later.
  */
 static void
-idem_insert_index_entries(Relation rel, HeapTuple tuple)
+idem_insert_index_entries(Relation rel, HeapTuple tuple, bool update,
+						  bool summarizing_only)
 {
 	List	   *indexes = RelationGetIndexList(rel);
 	ListCell   *lc;
@@ -604,6 +621,13 @@ idem_insert_index_entries(Relation rel, HeapTuple tuple)
 		Datum		values[INDEX_MAX_KEYS];
 		bool		isnull[INDEX_MAX_KEYS];
 
+#if PG_VERSION_NUM >= 160000
+		if (summarizing_only && !info->ii_Summarizing)
+		{
+			index_close(index, NoLock);
+			continue;
+		}
+#endif
 		if (info->ii_ReadyForInserts)
 		{
 			bool		wanted = true;
@@ -622,7 +646,7 @@ idem_insert_index_entries(Relation rel, HeapTuple tuple)
 				FormIndexDatum(info, slot, estate, values, isnull);
 				(void) index_insert(index, values, isnull, &tuple->t_self, rel,
 									info->ii_Unique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
-									false, info);
+									update, info);
 			}
 		}
 		index_close(index, NoLock);
@@ -720,7 +744,7 @@ idem_records_insert(Relation parent, text *scope, text *key,
 	idem_partition_info(rel, &part);
 	tuple = idem_form_tuple(rel, &part, values, nulls);
 	simple_heap_insert(rel, tuple);
-	idem_insert_index_entries(rel, tuple);
+	idem_insert_index_entries(rel, tuple, false, false);
 	table_close(rel, NoLock);
 
 	CommandCounterIncrement();
@@ -737,11 +761,23 @@ idem_update(const IdemRecord *rec, const Datum *values, const bool *nulls)
 	HeapTuple	tuple;
 
 	rel = table_open(rec->partoid, RowExclusiveLock);
+	CheckCmdReplicaIdentity(rel, CMD_UPDATE);
 	idem_partition_info(rel, &part);
 	tuple = idem_form_tuple(rel, &part, values, nulls);
+#if PG_VERSION_NUM >= 160000
+	{
+		TU_UpdateIndexes update_indexes;
+
+		simple_heap_update(rel, (ItemPointer) &rec->tid, tuple, &update_indexes);
+		if (update_indexes != TU_None)
+			idem_insert_index_entries(rel, tuple, true,
+									  update_indexes == TU_Summarizing);
+	}
+#else
 	simple_heap_update(rel, (ItemPointer) &rec->tid, tuple);
 	if (!HeapTupleIsHeapOnly(tuple))
-		idem_insert_index_entries(rel, tuple);
+		idem_insert_index_entries(rel, tuple, true, false);
+#endif
 	table_close(rel, NoLock);
 
 	CommandCounterIncrement();
@@ -805,6 +841,7 @@ idem_records_delete(Relation parent, const IdemRecord *rec)
 
 	idem_prepare_write(parent, ACL_DELETE);
 	rel = table_open(rec->partoid, RowExclusiveLock);
+	CheckCmdReplicaIdentity(rel, CMD_DELETE);
 	simple_heap_delete(rel, (ItemPointer) &rec->tid);
 	table_close(rel, NoLock);
 
