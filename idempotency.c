@@ -893,15 +893,10 @@ idem_acquire(PG_FUNCTION_ARGS)
 			break;
 		}
 
-		/* Our own claim, from earlier in this transaction */
-		if (TransactionIdIsCurrentTransactionId(rec.xmin))
-		{
-			idem_unlock(&tag, ExclusiveLock);
-			outcome = IDEM_IN_PROGRESS;
-			break;
-		}
-
-		/* Its lease has run out: take it over. */
+		/*
+		 * Its lease has run out: take it over, as the contract says, even
+		 * when the claim is our own from earlier in this transaction.
+		 */
 		if (rec.locked_until_null || rec.locked_until <= now)
 		{
 			idem_records_takeover(parent, &rec, scope, key, rec.attempt + 1,
@@ -909,6 +904,14 @@ idem_acquire(PG_FUNCTION_ARGS)
 			idem_unlock(&tag, ExclusiveLock);
 			rec.attempt++;
 			outcome = IDEM_ACQUIRED;
+			break;
+		}
+
+		/* Our own claim, from earlier in this transaction, lease running */
+		if (TransactionIdIsCurrentTransactionId(rec.xmin))
+		{
+			idem_unlock(&tag, ExclusiveLock);
+			outcome = IDEM_IN_PROGRESS;
 			break;
 		}
 
