@@ -140,8 +140,7 @@ LANGUAGE C STABLE STRICT PARALLEL SAFE;
 -- idem_maintain()
 --
 -- Creates the partitions that the coming period needs (up to now + max_ttl +
--- two partition widths, and far enough for every live record waiting in the
--- DEFAULT partition), moves the live records found in DEFAULT into them,
+-- two partition widths), moves the live records found in DEFAULT into them,
 -- deletes the expired ones found there, and drops every partition whose
 -- range has ended: all of its records have expired.
 --
@@ -175,19 +174,19 @@ DECLARE
     part_name   text;
     created     int := 0;
     dropped     int := 0;
-    attempt     int;
+    worked      boolean := false;
 BEGIN
     -- the function's SET clause confines this to the function
     PERFORM set_config('lock_timeout', lock_wait, true);
 
     FOR attempt IN 1..2 LOOP
         -- attempt 1 plans without a lock; attempt 2 again under the lock
+        -- No claim can expire after now + max_ttl.  A row beyond the
+        -- horizon (written by hand, or from before max_ttl was lowered)
+        -- stays in DEFAULT, where lookups still find it: following it with
+        -- partitions could mean thousands of them under an exclusive lock.
         now_ts := clock_timestamp();
         horizon := now_ts + settings.max_ttl + 2 * step;
-        horizon := greatest(horizon,
-                            (SELECT max(d.expires_at) + step
-                               FROM idempotency.records_default d
-                              WHERE d.expires_at > now_ts));
         SELECT max(p.range_end) INTO last_end
           FROM idempotency.partitions p WHERE NOT p.is_default;
 
@@ -195,7 +194,8 @@ BEGIN
               AND last_end >= horizon
               AND NOT EXISTS (SELECT FROM idempotency.partitions p
                                WHERE NOT p.is_default AND p.range_end <= now_ts)
-              AND NOT EXISTS (SELECT FROM idempotency.records_default);
+              AND NOT EXISTS (SELECT FROM idempotency.records_default d
+                               WHERE d.expires_at < horizon);
 
         IF attempt = 1 THEN
             BEGIN
@@ -210,6 +210,7 @@ BEGIN
 
         -- Under the lock.  Expired records in DEFAULT go now; live ones are
         -- moved below into the partitions made for them.
+        worked := true;
         DELETE FROM idempotency.records_default d WHERE d.expires_at <= now_ts;
 
         -- New slots continue from the last partition, or start at the
@@ -247,6 +248,11 @@ BEGIN
         END LOOP;
     END LOOP;
 
+    IF worked AND EXISTS (SELECT FROM idempotency.records_default d
+                           WHERE d.expires_at >= horizon) THEN
+        RAISE WARNING 'idempotency.records_default holds records that expire after now + idempotency.max_ttl'
+            USING HINT = 'They stay in the DEFAULT partition, where they are still found; no claim made through idem_acquire expires that late.';
+    END IF;
     IF created > 0 OR dropped > 0 THEN
         RAISE LOG 'idempotency maintenance created % and dropped % partitions of "idempotency.records"',
             created, dropped;
