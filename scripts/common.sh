@@ -19,7 +19,7 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # postgresql-server-dev-15 does not pull in the compiler and make that PGXS
 # calls, so a bare Debian 12 needs them too.
 IDEM_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-cron
-               postgresql-contrib make gcc libipc-run-perl)
+               postgresql-contrib make gcc libipc-run-perl pgbouncer)
 
 # IDEM_QUIET=1: keep the output of apt, make and initdb in a file and show it
 # only when a step fails (the demo wants a short report).

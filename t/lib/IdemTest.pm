@@ -1,0 +1,64 @@
+# Copyright (c) idempotency authors
+#
+# Helpers shared by the TAP tests t/002_*.pl onwards: a throwaway cluster on
+# 127.0.0.1 set up as scripts/common.sh does it (pg_cron preloaded), the
+# SQLSTATE of a failed psql call, and a millisecond clock.
+
+package IdemTest;
+
+use strict;
+use warnings;
+
+use Exporter 'import';
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Time::HiRes ();
+
+our @EXPORT = qw(idem_node sqlstate_of_psql now_ms);
+
+# idem_node(NAME, EXTRA_CONF): a started node on 127.0.0.1 with pg_cron
+# preloaded and the extension created in database postgres.
+sub idem_node
+{
+	my ($name, $extra_conf) = @_;
+
+	# The throwaway clusters listen on 127.0.0.1 only.  (Set here, at run
+	# time: PostgreSQL::Test::Cluster's INIT block would override a value
+	# set while this module is compiled.)
+	$PostgreSQL::Test::Cluster::use_tcp = 1;
+	$PostgreSQL::Test::Cluster::test_pghost = '127.0.0.1';
+
+	my $node = PostgreSQL::Test::Cluster->new($name);
+	$node->init;
+	$node->append_conf(
+		'postgresql.conf', q{
+shared_preload_libraries = 'pg_cron'
+cron.database_name = 'postgres'
+max_connections = 50
+} . ($extra_conf // ''));
+	$node->start;
+	$node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+	return $node;
+}
+
+# sqlstate_of_psql(NODE, DB, SQL): (sqlstate or 'ok', stdout, stderr) of SQL
+# run by psql with ON_ERROR_STOP and verbose errors.
+sub sqlstate_of_psql
+{
+	my ($node, $db, $sql, %params) = @_;
+	my ($ret, $out, $err) = $node->psql($db, $sql,
+		extra_params => [ '-v', 'VERBOSITY=verbose', '-v', 'ON_ERROR_STOP=1' ],
+		%params);
+	if ($err =~ /ERROR:\s+([0-9A-Z]{5}):/)
+	{
+		return ($1, $out, $err);
+	}
+	return ($ret == 0 ? 'ok' : "psql exit $ret", $out, $err);
+}
+
+sub now_ms
+{
+	return Time::HiRes::time() * 1000;
+}
+
+1;
