@@ -28,7 +28,12 @@
 # (and bench/results/run-<UTC time>.md).  Exit status 1 if any check failed.
 #
 #   bash bench/run.sh [--duration S] [--sync on|off] [--records N]
-#                     [--memory-calls N] [--hot-n N] [--perf]
+#                     [--memory-calls N] [--hot-n N] [--spread INTERVAL] [--perf]
+#
+# --spread: the prefilled records expire evenly over this window from now.
+# The default, '1 day', is records claimed over the last day with the
+# default 24 h ttl (they sit in two daily partitions); '6 days' is a mix of
+# ttls up to a week, the worst case for lookups (six partitions hold data).
 #
 # as root on Debian 12; about 9 minutes with the defaults on 2 cores (a third
 # of it the 1,000,000-pair memory loop, a fifth the 10,000,000-record load).
@@ -45,6 +50,7 @@ SMALL_RECORDS=100000
 REPLAY_RECORDS=200000
 MEMORY_CALLS=1000000
 HOT_N=20
+SPREAD='1 day'
 PERF=0
 CLIENT_COUNTS=(2 8)
 DB=idem_bench
@@ -64,6 +70,7 @@ while (($#)); do
 	--records) BIG_RECORDS=${2:?}; shift 2 ;;
 	--memory-calls) MEMORY_CALLS=${2:?}; shift 2 ;;
 	--hot-n) HOT_N=${2:?}; shift 2 ;;
+	--spread) SPREAD=${2:?}; shift 2 ;;
 	--perf) PERF=1; shift ;;
 	-h | --help) usage 0 ;;
 	*) echo "unknown option: $1" >&2; usage 2 ;;
@@ -124,7 +131,7 @@ q() { psql_db -c "$1"; }
 "$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -d postgres -c "CREATE DATABASE $DB"
 
 log "setup: tables, PL/pgSQL version, $REPLAY_RECORDS completed records in each replay table"
-psql_db -v req="$REQ" -v resp="$RESP" -v nrep="$REPLAY_RECORDS" -f "$BENCH_DIR/setup.sql" >/dev/null
+psql_db -v req="$REQ" -v resp="$RESP" -v nrep="$REPLAY_RECORDS" -v spread="$SPREAD" -f "$BENCH_DIR/setup.sql" >/dev/null
 
 # ---------------------------------------------------------------------------
 # one case
@@ -303,7 +310,7 @@ run_case ext_hot_key 8 main "" -D "hotn=$HOT_N"
 SCALE_CLIENTS=8
 log "scale: $SMALL_RECORDS live records"
 q "TRUNCATE idempotency.records"
-psql_db -v from=1 -v to="$SMALL_RECORDS" -v req="$REQ" -v resp="$RESP" -f "$BENCH_DIR/load_records.sql"
+psql_db -v from=1 -v to="$SMALL_RECORDS" -v req="$REQ" -v resp="$RESP" -v spread="$SPREAD" -f "$BENCH_DIR/load_records.sql"
 q "VACUUM ANALYZE idempotency.records"
 n=$(live_records)
 run_case ext_replay "$SCALE_CLIENTS" scale "$n" -D rp=m -D "nrep=$SMALL_RECORDS"
@@ -315,8 +322,8 @@ t_load=$EPOCHREALTIME
 q "TRUNCATE idempotency.records"
 half=$((BIG_RECORDS / 2))
 pids=()
-psql_db -v from=1 -v to="$half" -v req="$REQ" -v resp="$RESP" -f "$BENCH_DIR/load_records.sql" & pids+=($!)
-psql_db -v from=$((half + 1)) -v to="$BIG_RECORDS" -v req="$REQ" -v resp="$RESP" -f "$BENCH_DIR/load_records.sql" & pids+=($!)
+psql_db -v from=1 -v to="$half" -v req="$REQ" -v resp="$RESP" -v spread="$SPREAD" -f "$BENCH_DIR/load_records.sql" & pids+=($!)
+psql_db -v from=$((half + 1)) -v to="$BIG_RECORDS" -v req="$REQ" -v resp="$RESP" -v spread="$SPREAD" -f "$BENCH_DIR/load_records.sql" & pids+=($!)
 for p in "${pids[@]}"; do wait "$p" || die "loading the records failed"; done
 q "VACUUM ANALYZE idempotency.records"
 LOAD_SECS=$(awk "BEGIN{printf \"%.0f\", $EPOCHREALTIME - $t_load}")
@@ -408,6 +415,7 @@ report() {
 	echo "- date: $STAMP"
 	echo "- machine: $(nproc) CPUs ($CPU_MODEL), $MEM_TOTAL memory, $(uname -r)"
 	echo "- PostgreSQL: $PG_VERSION"
+	echo "- prefilled records (replay sets, scale loads) expire evenly over the next $SPREAD (--spread)"
 	echo "- command: \`$COMMAND\`; run time ${RUN_SECS}s$( ((PERF)) && echo ", then ${PERF_SECS}s of profiling" || true)"
 	echo "- load average (1, 5, 15 min) before the run: $LOAD_START; after it: $LOAD_END (other work on the machine shows here)"
 	echo "- tree: \`$GIT_HEAD\`; uncommitted changes outside bench/: ${GIT_DIRTY:-none};" \

@@ -48,11 +48,11 @@ CREATE SEQUENCE bench.hot_seq;
 \ir plpgsql_idem.sql
 
 -- The replay set: nrep completed records in each of the four tables, with
--- expires_at spread over the next six days (the dated partitions).
+-- expires_at spread evenly over the next :spread (bench/run.sh --spread).
 CREATE TEMP TABLE replay_set AS
 SELECT md5('r' || i) AS key,
        now() - interval '1 minute' AS created_at,
-       now() + interval '1 hour' + (i % 1000) * (interval '6 days' / 1000) AS expires_at
+       now() + interval '1 hour' + (i % 1000) * (:'spread'::interval / 1000) AS expires_at
   FROM generate_series(1, :nrep) i;
 
 INSERT INTO bench.floor (scope, key, status, request_hash, response_status,
