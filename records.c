@@ -425,6 +425,7 @@ idem_probe(Oid relid, text *scope, text *key, TimestampTz now,
 	TupleTableSlot *slot;
 	ScanKeyData skey[2];
 	bool		found = false;
+	bool		empty;
 
 	rel = table_open(relid, AccessShareLock);
 
@@ -432,12 +433,22 @@ idem_probe(Oid relid, text *scope, text *key, TimestampTz now,
 	 * Partitions made ahead for future ranges are empty: one lseek says so,
 	 * where an index probe costs much more.  A version of this key can only
 	 * have been written under the key lock, after its page was added.
+	 *
+	 * The lock on an empty partition is given back at once, so that a call
+	 * holds locks only on the partitions that hold records: with hourly
+	 * partitions and a week's max_ttl there are some 170 live ones, which
+	 * would otherwise fill the shared lock table with a few dozen open
+	 * claim transactions, and even with daily ones take every fast-path
+	 * slot before the application's own tables are touched.  Letting go
+	 * early is safe: nothing of the partition is kept, a version of our key
+	 * can only be added under the key lock we hold, and maintenance cannot
+	 * drop or detach the partition while we hold the parent's lock.
 	 */
-	if (!(IsMVCCSnapshot(snapshot) && IsolationIsSerializable()) &&
-		RelationGetNumberOfBlocks(rel) == 0)
+	empty = RelationGetNumberOfBlocks(rel) == 0;
+	if (empty && !(IsMVCCSnapshot(snapshot) && IsolationIsSerializable()))
 	{
-		/* (under SERIALIZABLE the index scan's predicate lock is needed) */
 		table_close(rel, NoLock);
+		UnlockRelationOid(relid, AccessShareLock);
 		return false;
 	}
 
@@ -494,8 +505,18 @@ idem_probe(Oid relid, text *scope, text *key, TimestampTz now,
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
 
+	/*
+	 * Under SERIALIZABLE an empty partition was probed all the same, for the
+	 * predicate lock the index scan takes; that lock outlives the relation
+	 * locks, which go as above.
+	 */
 	index_close(index, NoLock);
 	table_close(rel, NoLock);
+	if (empty)
+	{
+		UnlockRelationOid(part.indexoid, AccessShareLock);
+		UnlockRelationOid(relid, AccessShareLock);
+	}
 	return found;
 }
 
