@@ -9,10 +9,20 @@
 -- One row per claimed (scope, key).  The table is range-partitioned on
 -- expires_at, which never changes once a record is claimed: a partition whose
 -- upper bound has passed holds only expired records and can be dropped whole.
--- There is no unique index on (scope, key) (a partitioned table cannot have
--- one without the partition key); the C functions serialize writers of one
--- (scope, key) on a transaction-level lock and look across the live
--- partitions before inserting.  See idempotency.c.
+-- A unique index cannot say "one live record per (scope, key)" (a
+-- partitioned table's unique index must hold the partition key, and expired
+-- records stay until their partition is dropped); the C functions serialize
+-- writers of one (scope, key) on a transaction-level lock and look across
+-- the live partitions before inserting.  See idempotency.c.
+--
+-- The index is unique on (scope, key, expires_at) all the same, so that it
+-- can serve as the replica identity: logical replication then works on every
+-- partition, updates and deletes log only those three columns, and a
+-- subscriber finds the row by index on every major.  Two records of one key
+-- never share an expires_at (a new claim expires after now, an old one that
+-- is still there expired before it), so the uniqueness costs nothing but
+-- the check.  Every partition has the index as its replica identity;
+-- maintenance keeps that true for the partitions it makes.
 --
 -- key and scope are COLLATE "C": identity is by bytes, and comparisons in
 -- the index are plain memcmp.
@@ -34,13 +44,23 @@ CREATE TABLE idempotency.records (
     CHECK ((status = 'completed') = (completed_at IS NOT NULL))
 ) PARTITION BY RANGE (expires_at);
 
-CREATE INDEX records_scope_key_idx ON idempotency.records (scope, key);
+CREATE UNIQUE INDEX records_scope_key_idx
+    ON idempotency.records (scope, key, expires_at);
+ALTER TABLE idempotency.records
+    REPLICA IDENTITY USING INDEX records_scope_key_idx;
 
 -- Rows land here only when no dated partition covers their expires_at
 -- (maintenance has not run for too long); no claim ever fails for want of a
--- partition.
+-- partition.  Made standalone and attached, as maintenance makes the dated
+-- ones, so that its index has a known name for the replica identity.
 CREATE TABLE idempotency.records_default
-    PARTITION OF idempotency.records DEFAULT;
+    (LIKE idempotency.records INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+CREATE UNIQUE INDEX records_default_key
+    ON idempotency.records_default (scope, key, expires_at);
+ALTER TABLE idempotency.records_default
+    REPLICA IDENTITY USING INDEX records_default_key;
+ALTER TABLE idempotency.records
+    ATTACH PARTITION idempotency.records_default DEFAULT;
 
 COMMENT ON TABLE idempotency.records IS
     'idempotency records, one per claimed (scope, key); range-partitioned on expires_at';
@@ -144,6 +164,16 @@ LANGUAGE C STABLE STRICT PARALLEL SAFE;
 -- deletes the expired ones found there, and drops every partition whose
 -- range has ended: all of its records have expired.
 --
+-- Logical replication.  Every change to a live record goes through tables a
+-- publication of idempotency.records publishes: records moved out of DEFAULT
+-- are deleted there, kept in a temporary table while their new partition is
+-- attached (ATTACH refuses while DEFAULT still holds rows of its range), and
+-- inserted again through idempotency.records, so a subscriber sees a delete
+-- and an insert in one transaction.  Each new partition gets a unique index
+-- on (scope, key, expires_at) as its replica identity before it is attached.
+-- Dropping a partition whose range has ended removes only expired records
+-- and is not replicated; a subscriber's own maintenance drops its copy.
+--
 -- Locking.  When there is nothing to do it takes no lock at all.  Otherwise
 -- it takes one ACCESS EXCLUSIVE lock on records (DROP of a partition and
 -- ATTACH need that or close to it anyway), waiting at most
@@ -172,6 +202,7 @@ DECLARE
     slot_start  timestamptz;
     part        regclass;
     part_name   text;
+    moving      boolean := false;
     created     int := 0;
     dropped     int := 0;
     worked      boolean := false;
@@ -220,6 +251,16 @@ BEGIN
             slot_start := last_end;
         END IF;
 
+        -- Live records in DEFAULT that the new partitions will cover wait in
+        -- a temporary table while those are attached (see above).
+        IF slot_start < horizon
+           AND EXISTS (SELECT FROM idempotency.records_default d
+                        WHERE d.expires_at < horizon) THEN
+            moving := true;
+            CREATE TEMPORARY TABLE idem_maintain_moving
+                (LIKE idempotency.records) ON COMMIT DROP;
+        END IF;
+
         WHILE slot_start < horizon LOOP
             part_name := 'records_p'
                 || to_char(slot_start AT TIME ZONE 'UTC', 'YYYYMMDD"_"HH24MISS');
@@ -228,16 +269,28 @@ BEGIN
                            '  CHECK (expires_at >= %L AND expires_at < %L))',
                            part_name, slot_start, slot_start + step);
             part := format('idempotency.%I', part_name)::regclass;
-            EXECUTE format('WITH moved AS (DELETE FROM idempotency.records_default d'
-                           ' WHERE d.expires_at >= %L AND d.expires_at < %L RETURNING d.*)'
-                           ' INSERT INTO %s SELECT * FROM moved',
-                           slot_start, slot_start + step, part);
+            EXECUTE format('CREATE UNIQUE INDEX %I ON %s (scope, key, expires_at)',
+                           part_name || '_key', part);
+            EXECUTE format('ALTER TABLE %s REPLICA IDENTITY USING INDEX %I',
+                           part, part_name || '_key');
+            IF moving THEN
+                EXECUTE format('WITH moved AS (DELETE FROM idempotency.records_default d'
+                               ' WHERE d.expires_at >= %L'
+                               ' AND d.expires_at < %L RETURNING d.*)'
+                               ' INSERT INTO pg_temp.idem_maintain_moving SELECT * FROM moved',
+                               slot_start, slot_start + step);
+            END IF;
             EXECUTE format('ALTER TABLE idempotency.records ATTACH PARTITION %s'
                            ' FOR VALUES FROM (%L) TO (%L)',
                            part, slot_start, slot_start + step);
             created := created + 1;
             slot_start := slot_start + step;
         END LOOP;
+
+        IF moving THEN
+            INSERT INTO idempotency.records SELECT * FROM pg_temp.idem_maintain_moving;
+            DROP TABLE pg_temp.idem_maintain_moving;
+        END IF;
 
         FOR part IN SELECT p.partition FROM idempotency.partitions p
                      WHERE NOT p.is_default AND p.range_end <= now_ts
