@@ -747,6 +747,24 @@ idem_attempt_error(text *key, int32 given, const IdemRecord *rec)
 }
 
 
+/*
+ * ereport the error for a claim whose lease ran out at the largest attempt
+ * an integer holds, which therefore cannot be taken over: the record stays
+ * as it is.
+ */
+static void
+idem_attempt_limit_error(text *key, const IdemRecord *rec)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+			 errmsg("attempt of idempotency key \"%s\" is out of range",
+					text_to_cstring(key)),
+			 errdetail("The claim's lease ran out at attempt %d, the largest value of type integer, so it cannot be taken over again.",
+					   rec->attempt),
+			 errhint("Release the claim with idem_release to start again at attempt 1, or wait until the record expires.")));
+}
+
+
 /* ----------------------------------------------------------------
  * idem_acquire
  * ----------------------------------------------------------------
@@ -895,10 +913,14 @@ idem_acquire(PG_FUNCTION_ARGS)
 
 		/*
 		 * Its lease has run out: take it over, as the contract says, even
-		 * when the claim is our own from earlier in this transaction.
+		 * when the claim is our own from earlier in this transaction.  An
+		 * attempt number that cannot grow any more is an error, never a
+		 * negative attempt.
 		 */
 		if (rec.locked_until_null || rec.locked_until <= now)
 		{
+			if (rec.attempt >= PG_INT32_MAX)
+				idem_attempt_limit_error(key, &rec);
 			idem_records_takeover(parent, &rec, scope, key, rec.attempt + 1,
 								  Min(now + lease, rec.expires_at), hash);
 			idem_unlock(&tag, ExclusiveLock);
