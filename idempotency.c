@@ -35,7 +35,9 @@
  * for.  Once the claim is committed as 'processing' (lease mode, across
  * transactions) there is no transaction to wait for, so the duplicate sleeps
  * on its latch in short, growing steps and reads again.  Both waits answer
- * query cancel, statement_timeout and lock_timeout.
+ * query cancel, statement_timeout and lock_timeout.  Every pass of a wait
+ * after the first works in a memory context that the next pass resets, so
+ * a wait of any length runs in flat memory.
  *
  * Snapshots.  Under REPEATABLE READ or SERIALIZABLE, the record we act on
  * must also be what the transaction's snapshot sees; if it was claimed,
@@ -80,8 +82,10 @@
 #include "storage/procarray.h"
 #include "tcop/utility.h"
 #include "utils/builtins.h"
+#include "utils/datum.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
+#include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timeout.h"
 #include "utils/timestamp.h"
@@ -658,6 +662,72 @@ idem_read_dirty(Relation parent, text *scope, text *key, TimestampTz now,
 }
 
 /*
+ * Memory of the loops that wait.  Each pass of such a loop reads the record
+ * again, and a read allocates a few kilobytes (more with many partitions);
+ * a duplicate of a committed processing claim polls every 50 ms for as long
+ * as idempotency.wait_timeout, which any user may raise.  So that a wait of
+ * any length runs in flat memory, every pass after the first works in a
+ * child of the caller's memory context that the next pass resets.  The
+ * first pass, all that a call which does not wait ever runs, works in the
+ * caller's context and pays nothing for this.
+ */
+typedef struct IdemPasses
+{
+	MemoryContext caller;		/* the caller's context, to return to */
+	MemoryContext pass;			/* the passes' context, made for pass 2 */
+	int			npasses;		/* passes begun so far */
+} IdemPasses;
+
+/*
+ * Prepare for the passes of a waiting loop, in the current memory context.
+ */
+static void
+idem_passes_init(IdemPasses *passes)
+{
+	passes->caller = CurrentMemoryContext;
+	passes->pass = NULL;
+	passes->npasses = 0;
+}
+
+/*
+ * Begin a pass of a waiting loop: from the second on, in the passes'
+ * context, emptied of what the previous pass allocated.  Nothing allocated
+ * by an earlier pass may be used after this.
+ */
+static void
+idem_pass_begin(IdemPasses *passes)
+{
+	if (passes->npasses++ == 0)
+		return;
+	if (passes->pass == NULL)
+		passes->pass = AllocSetContextCreate(passes->caller,
+											 "idempotency wait pass",
+											 ALLOCSET_DEFAULT_SIZES);
+	else
+		MemoryContextReset(passes->pass);
+	MemoryContextSwitchTo(passes->pass);
+}
+
+/*
+ * End a waiting loop: return to the caller's memory context, copy there the
+ * pass-by-reference values of the record the last pass read, and free
+ * everything else the passes allocated.
+ */
+static void
+idem_passes_end(IdemPasses *passes, IdemRecord *rec)
+{
+	MemoryContextSwitchTo(passes->caller);
+	if (passes->pass == NULL)
+		return;
+	if (rec->found && !rec->hash_null)
+		rec->request_hash = datumCopy(rec->request_hash, false, -1);
+	if (rec->found && !rec->body_null)
+		rec->response_body = datumCopy(rec->response_body, false, -1);
+	MemoryContextDelete(passes->pass);
+	passes->pass = NULL;
+}
+
+/*
  * Under REPEATABLE READ or SERIALIZABLE, check that the transaction's
  * snapshot sees the same record (or the same absence of one) that the dirty
  * read found and we are about to act on.  If not, the record was claimed,
@@ -703,8 +773,12 @@ static void
 idem_lock_and_read(Relation parent, const LOCKTAG *tag, text *scope,
 				   text *key, TimestampTz *now, IdemRecord *rec)
 {
+	IdemPasses	passes;
+
+	idem_passes_init(&passes);
 	for (;;)
 	{
+		idem_pass_begin(&passes);
 		(void) idem_lock(tag, ExclusiveLock, false);
 		*now = GetCurrentTimestamp();
 		idem_read_dirty(parent, scope, key, *now,
@@ -714,6 +788,7 @@ idem_lock_and_read(Relation parent, const LOCKTAG *tag, text *scope,
 		idem_unlock(tag, ExclusiveLock);
 		(void) idem_wait_xact(rec->waitxid, DT_NOEND);
 	}
+	idem_passes_end(&passes, rec);
 	idem_check_snapshot(parent, scope, key, *now,
 						*now + idem_default_ttl_usecs(), rec);
 }
@@ -744,6 +819,24 @@ idem_attempt_error(text *key, int32 given, const IdemRecord *rec)
 			 errdetail("The record is at attempt %d: its lease ran out and the claim was taken over.",
 					   rec->attempt),
 			 errhint("Do not report this attempt's result; the current attempt will.")));
+}
+
+
+/*
+ * ereport the error for a claim whose lease ran out at the largest attempt
+ * an integer holds, which therefore cannot be taken over: the record stays
+ * as it is.
+ */
+static void
+idem_attempt_limit_error(text *key, const IdemRecord *rec)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+			 errmsg("attempt of idempotency key \"%s\" is out of range",
+					text_to_cstring(key)),
+			 errdetail("The claim's lease ran out at attempt %d, the largest value of type integer, so it cannot be taken over again.",
+					   rec->attempt),
+			 errhint("Release the claim with idem_release to start again at attempt 1, or wait until the record expires.")));
 }
 
 
@@ -799,6 +892,7 @@ idem_acquire(PG_FUNCTION_ARGS)
 	IdemOutcome outcome;
 	bool		have_record = false;
 	int			poll_ms = IDEM_POLL_MIN_MS;
+	IdemPasses	passes;
 	Relation	parent;
 	Datum		values[5];
 	bool		nulls[5];
@@ -821,9 +915,12 @@ idem_acquire(PG_FUNCTION_ARGS)
 	hint = now + ttl;
 	idem_key_locktag(&tag, scope, key);
 
+	idem_passes_init(&passes);
 	for (;;)
 	{
 		long		remaining_ms;
+
+		idem_pass_begin(&passes);
 
 		/*
 		 * The key lock is only ever held across a read and the write that
@@ -895,10 +992,14 @@ idem_acquire(PG_FUNCTION_ARGS)
 
 		/*
 		 * Its lease has run out: take it over, as the contract says, even
-		 * when the claim is our own from earlier in this transaction.
+		 * when the claim is our own from earlier in this transaction.  An
+		 * attempt number that cannot grow any more is an error, never a
+		 * negative attempt.
 		 */
 		if (rec.locked_until_null || rec.locked_until <= now)
 		{
+			if (rec.attempt >= PG_INT32_MAX)
+				idem_attempt_limit_error(key, &rec);
 			idem_records_takeover(parent, &rec, scope, key, rec.attempt + 1,
 								  Min(now + lease, rec.expires_at), hash);
 			idem_unlock(&tag, ExclusiveLock);
@@ -935,6 +1036,7 @@ idem_acquire(PG_FUNCTION_ARGS)
 		CHECK_FOR_INTERRUPTS();
 		poll_ms = Min(poll_ms * 2, IDEM_POLL_MAX_MS);
 	}
+	idem_passes_end(&passes, &rec);
 
 	memset(nulls, true, sizeof(nulls));
 	values[0] = CStringGetTextDatum(idem_outcome_names[outcome]);
