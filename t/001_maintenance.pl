@@ -164,7 +164,8 @@ my $pgbench_ok = IPC::Run::run(
 		'load'
 	],
 	'>', \$stdout, '2>', \$stderr);
-ok($pgbench_ok, 'pgbench under maintenance exits cleanly');
+ok($pgbench_ok, 'pgbench under maintenance exits cleanly')
+  or diag("pgbench exit ", $? >> 8, ", stderr:\n$stderr");
 like($stdout, qr/number of failed transactions: 0 /,
 	'no failed transaction while maintenance drops partitions');
 my ($processed) = $stdout =~ /number of transactions actually processed: (\d+)/;
