@@ -28,6 +28,8 @@
 #
 #   bash scripts/matrix.sh [--results FILE] [MAJOR...]   (as root, Debian 12)
 #
+# IDEM_MATRIX_MIRROR overrides the mirror (to try a mirror that fails, say).
+#
 # --results FILE: append one line per major, "MAJOR PASSED FAILED SKIPPED
 # SECONDS NOTE...", for scripts/test.sh's summary.  Exits 1 if a test failed
 # (or a build had warnings), else 0.
@@ -186,6 +188,10 @@ mx_in_root() {
 # knows it (whether it comes from sources.list or a .sources file).
 mx_mirror() {
 	local codename uri
+	if [[ -n ${IDEM_MATRIX_MIRROR:-} ]]; then
+		echo "${IDEM_MATRIX_MIRROR%/}"
+		return 0
+	fi
 	# shellcheck disable=SC1091
 	codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
 	[[ -n $codename ]] || return 1
