@@ -68,6 +68,7 @@
 #include "utils/rel.h"
 #include "utils/syscache.h"
 
+#include "compat.h"
 #include "idempotency.h"
 
 /* The columns of idempotency.records, by name */
@@ -463,7 +464,7 @@ idem_probe(Oid relid, text *scope, text *key, TimestampTz now,
 						   PointerGetDatum(key));
 
 	slot = table_slot_create(rel, NULL);
-	scan = index_beginscan(rel, index, snapshot, 2, 0);
+	scan = idem_index_beginscan(rel, index, snapshot, 2, 0);
 	index_rescan(scan, skey, 2, NULL, 0);
 	while (index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
@@ -642,13 +643,11 @@ idem_insert_index_entries(Relation rel, HeapTuple tuple, bool update,
 		Datum		values[INDEX_MAX_KEYS];
 		bool		isnull[INDEX_MAX_KEYS];
 
-#if PG_VERSION_NUM >= 160000
-		if (summarizing_only && !info->ii_Summarizing)
+		if (summarizing_only && !idem_index_is_summarizing(info))
 		{
 			index_close(index, NoLock);
 			continue;
 		}
-#endif
 		if (info->ii_ReadyForInserts)
 		{
 			bool		wanted = true;
@@ -780,25 +779,17 @@ idem_update(const IdemRecord *rec, const Datum *values, const bool *nulls)
 	Relation	rel;
 	IdemPartition part;
 	HeapTuple	tuple;
+	TU_UpdateIndexes update_indexes;
 
 	rel = table_open(rec->partoid, RowExclusiveLock);
 	CheckCmdReplicaIdentity(rel, CMD_UPDATE);
 	idem_partition_info(rel, &part);
 	tuple = idem_form_tuple(rel, &part, values, nulls);
-#if PG_VERSION_NUM >= 160000
-	{
-		TU_UpdateIndexes update_indexes;
-
-		simple_heap_update(rel, (ItemPointer) &rec->tid, tuple, &update_indexes);
-		if (update_indexes != TU_None)
-			idem_insert_index_entries(rel, tuple, true,
-									  update_indexes == TU_Summarizing);
-	}
-#else
-	simple_heap_update(rel, (ItemPointer) &rec->tid, tuple);
-	if (!HeapTupleIsHeapOnly(tuple))
-		idem_insert_index_entries(rel, tuple, true, false);
-#endif
+	idem_simple_heap_update(rel, (ItemPointer) &rec->tid, tuple,
+							&update_indexes);
+	if (update_indexes != TU_None)
+		idem_insert_index_entries(rel, tuple, true,
+								  update_indexes == TU_Summarizing);
 	table_close(rel, NoLock);
 
 	CommandCounterIncrement();

@@ -4,22 +4,32 @@
 # Sourced, not run.  Works under `set -euo pipefail`, as root on Debian 12.
 #
 #   install_deps     apt-get install what is missing (nothing when all is there)
-#   build_install    make && make install against PostgreSQL 15
+#   build_install    make && make install against PostgreSQL $IDEM_PG_MAJOR
 #   start_cluster    throwaway cluster as the postgres OS user, in a fresh
 #                    temporary folder, on a free port of 127.0.0.1; exports
 #                    PGHOST PGPORT PGUSER PGDATABASE; a trap on EXIT stops it
 #   stop_cluster     stop the server and remove its folder (also run by the trap)
 #
 # Debian's own cluster (15/main on 5432), if any, is never touched.
+#
+# IDEM_PG_MAJOR (default 15, the host's) picks the PostgreSQL major: the
+# matrix (scripts/matrix.sh) runs scripts/test.sh with 17 and 18 inside
+# Debian roots of their own.
 
-PG_BINDIR=/usr/lib/postgresql/15/bin
+IDEM_PG_MAJOR=${IDEM_PG_MAJOR:-15}
+PG_BINDIR=/usr/lib/postgresql/$IDEM_PG_MAJOR/bin
 PG_CONFIG=$PG_BINDIR/pg_config
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-# postgresql-server-dev-15 does not pull in the compiler and make that PGXS
-# calls, so a bare Debian 12 needs them too.
-IDEM_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-cron
-               postgresql-contrib make gcc libipc-run-perl pgbouncer)
+# postgresql-server-dev-N does not pull in the compiler and make that PGXS
+# calls, so a bare Debian needs them too.  Since PostgreSQL 10 the contrib
+# modules ship in postgresql-N; postgresql-contrib (the default major's) is
+# only asked for where that default is the host's 15.
+IDEM_PACKAGES=("postgresql-$IDEM_PG_MAJOR" "postgresql-server-dev-$IDEM_PG_MAJOR"
+               "postgresql-$IDEM_PG_MAJOR-cron" make gcc libipc-run-perl pgbouncer)
+if [[ $IDEM_PG_MAJOR == 15 ]]; then
+	IDEM_PACKAGES+=(postgresql-contrib)
+fi
 
 # IDEM_QUIET=1: keep the output of apt, make and initdb in a file and show it
 # only when a step fails (the demo wants a short report).
@@ -124,7 +134,7 @@ free_port() {
 start_cluster() {
 	local mode=${1:-} base locale try port rc
 
-	id postgres >/dev/null 2>&1 || die "no postgres OS user (is postgresql-15 installed?)"
+	id postgres >/dev/null 2>&1 || die "no postgres OS user (is postgresql-$IDEM_PG_MAJOR installed?)"
 	# The postgres user must reach the folder, and the socket path must stay
 	# short (about 100 bytes at most): else /tmp.
 	base=${TMPDIR:-/tmp}

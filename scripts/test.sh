@@ -6,6 +6,8 @@
 #   pg_regress            sql/*.sql    against expected/*.out
 #   pg_isolation_regress  specs/*.spec against expected/*.out
 #   prove (TAP)           t/*.pl, on clusters of their own
+# then the same on PostgreSQL 17 and 18, each in a Debian root of its own
+# (scripts/matrix.sh; IDEM_MATRIX=0 leaves it out).
 # Exits non-zero if anything fails, after printing the diffs.
 #
 #   bash scripts/test.sh          (as root on Debian 12)
@@ -120,5 +122,24 @@ echo
 echo "======== summary ========"
 cat "$summary"
 stop_cluster "$status"
-echo "tests: $passed passed, $failed failed"
+
+# The other majors, each in a Debian root of its own (scripts/matrix.sh);
+# not when this run is itself one of them.
+skipped=0
+bymajor="PostgreSQL $IDEM_PG_MAJOR: $passed passed, $failed failed, 0 skipped in ${SECONDS}s"
+if [[ $IDEM_PG_MAJOR == 15 && ${IDEM_MATRIX:-1} != 0 ]]; then
+	matrix_results=$(mktemp "${TMPDIR:-/tmp}/idempotency-matrix-results.XXXXXX")
+	bash "$REPO_ROOT/scripts/matrix.sh" --results "$matrix_results" || status=1
+	while read -r m p f s secs note; do
+		passed=$((passed + p))
+		failed=$((failed + f))
+		skipped=$((skipped + s))
+		bymajor+=$'\n'"PostgreSQL $m: $p passed, $f failed, $s skipped in ${secs}s${note:+ ($note)}"
+	done <"$matrix_results"
+	rm -f "$matrix_results"
+fi
+echo
+echo "======== by PostgreSQL major ========"
+echo "$bymajor"
+echo "tests: $passed passed, $failed failed, $skipped skipped"
 exit "$status"
