@@ -235,5 +235,25 @@ is($dump{up}, $dump{fresh}, 'pg_dump --schema-only of the updated database equal
 like($dump{up}, qr/GRANT ALL ON FUNCTION idempotency\.idem_acquire\(.*session_bound boolean\) TO idem_app;/,
 	'and dumps the application role\'s grant on the new idem_acquire');
 
+# Maintenance moves a 1.1 record out of DEFAULT with its 1.1 columns (the
+# temporary table and the partitions it makes are LIKE idempotency.records,
+# whose columns the update appended in the same order as a fresh install).
+my $owner = $node->background_psql('up');
+$owner->query_safe(q{SET idempotency.max_ttl = '30d';
+SELECT outcome FROM idempotency.idem_acquire('up-moved', ttl => '12 days', session_bound => true)});
+my $before_move = $node->safe_psql('up',
+	q{SELECT tableoid::regclass, claim, owner_pid, owner_start, attempt FROM idempotency.records WHERE key = 'up-moved'});
+like($before_move, qr/^idempotency\.records_default\|[0-9a-f-]{36}\|\d+\|.+\|1$/,
+	'a session-bound claim beyond the partitions made so far waits in DEFAULT');
+$node->safe_psql('up', q{SET idempotency.max_ttl = '30d'; SELECT idempotency.idem_maintain()});
+my $after_move = $node->safe_psql('up',
+	q{SELECT tableoid::regclass, claim, owner_pid, owner_start, attempt FROM idempotency.records WHERE key = 'up-moved'});
+(my $expect = $before_move) =~ s/^idempotency\.records_default\|//;
+like($after_move, qr/^idempotency\.records_p\d{8}_\d{6}\|\Q$expect\E$/, 'maintenance moves it to its partition with claim, owner_pid and owner_start');
+is( $node->safe_psql('up',
+		q{SET idempotency.wait_timeout = 0; SELECT outcome, retry_after FROM idempotency.idem_acquire('up-moved')}),
+	'in_progress|1', 'and its owner still holds it');
+$owner->quit;
+
 $node->stop;
 done_testing();
