@@ -17,7 +17,9 @@
 #     taken over as the contract says; the old-library session fails cleanly
 #     (42883, no row written) and the other keeps working; the README's
 #     application role keeps its privileges; pg_dump --schema-only of the
-#     updated database equals that of a fresh 1.1 install with the same grants.
+#     updated database equals that of a fresh 1.1 install with the same grants
+#     (of the whole database: pg_dump 15.20 -n idempotency crashes, at 1.0
+#     too); maintenance moves a 1.1 record out of DEFAULT with its columns.
 # Without IDEM_V10_LIBRARY the old-library session is skipped.
 
 use strict;
