@@ -1,6 +1,6 @@
 --
 -- 14_session_bound: session-bound claims (1.1) as one session sees them.
--- Owners that die are in t/011_session_bound.pl; duplicates from another
+-- Owners that die are in t/013_session_bound.pl; duplicates from another
 -- session in specs/28_session_bound.spec.
 --
 SET idempotency.wait_timeout = 0;
