@@ -89,6 +89,7 @@
 #include "utils/snapmgr.h"
 #include "utils/timeout.h"
 #include "utils/timestamp.h"
+#include "utils/uuid.h"
 
 #include "idempotency.h"
 
@@ -103,6 +104,12 @@ void		_PG_init(void);
 
 /* locktag_field4 of our key locks; user advisory locks use 1 and 2 */
 #define IDEM_LOCKTAG_CLASS		0x4944
+
+/* locktag_field4 of the lock a session-bound claim's owner holds */
+#define IDEM_OWNER_LOCKTAG_CLASS	0x4945
+
+/* retry_after of an in_progress claim that has no lease end to count to */
+#define IDEM_RETRY_AFTER_MIN	1
 
 /* Sleep steps while waiting for a committed claim to complete, in ms */
 #define IDEM_POLL_MIN_MS		2
@@ -142,10 +149,29 @@ static const char *const idem_outcome_names[] = {
 	[IDEM_MISMATCH] = "mismatch",
 };
 
+/*
+ * The SQL interface an entry point serves.  A database still at 1.0 (the
+ * library was replaced before ALTER EXTENSION idempotency UPDATE) calls the
+ * 1.0 symbols, which behave and answer exactly as 1.0 did and never write the
+ * 1.1 columns; the 1.1 SQL functions are bound to the _1_1 symbols, so that a
+ * backend still running the 1.0 library fails to find them rather than fill
+ * 1.0's result shape into 1.1's (as pg_stat_statements does).
+ */
+typedef enum IdemApi
+{
+	IDEM_API_1_0,
+	IDEM_API_1_1
+} IdemApi;
+
 PG_FUNCTION_INFO_V1(idem_acquire);
+PG_FUNCTION_INFO_V1(idem_acquire_1_1);
 PG_FUNCTION_INFO_V1(idem_complete);
+PG_FUNCTION_INFO_V1(idem_complete_1_1);
 PG_FUNCTION_INFO_V1(idem_release);
+PG_FUNCTION_INFO_V1(idem_release_1_1);
 PG_FUNCTION_INFO_V1(idem_lookup);
+PG_FUNCTION_INFO_V1(idem_lookup_1_1);
+PG_FUNCTION_INFO_V1(idem_extend);
 PG_FUNCTION_INFO_V1(idem_request_hash);
 PG_FUNCTION_INFO_V1(idem_maintenance_settings);
 
@@ -347,6 +373,53 @@ idem_check_attempt(FunctionCallInfo fcinfo, int argno, int32 *attempt)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("attempt must be a positive number")));
 	return true;
+}
+
+/*
+ * The claim argument (1.1): NULL (any claim) or the claim to check.
+ */
+static bool
+idem_check_claim_arg(FunctionCallInfo fcinfo, int argno, pg_uuid_t *claim)
+{
+	if (PG_ARGISNULL(argno))
+		return false;
+	memcpy(claim, PG_GETARG_UUID_P(argno), sizeof(pg_uuid_t));
+	return true;
+}
+
+/*
+ * Called by the 1.1 entry points once idempotency.records is open: the
+ * table must have the 1.1 columns.  It lacks them only where the 1.1 SQL
+ * functions were created without the update script's ALTER TABLE; refuse
+ * rather than lose the claims.
+ */
+static void
+idem_require_1_1(void)
+{
+	if (!idem_records_have_claims())
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table \"idempotency.records\" has no columns of version 1.1"),
+				 errdetail("The columns claim, owner_pid and owner_start are missing."),
+				 errhint("Run ALTER EXTENSION idempotency UPDATE in this database.")));
+}
+
+/*
+ * Check that the caller expects the result shape of the interface we serve:
+ * a 1.0 symbol bound to a 1.1 function (or the reverse) must fail cleanly,
+ * never fill a row of one shape into the other.
+ */
+static void
+idem_check_result_natts(FunctionCallInfo fcinfo, int natts)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	if (rsinfo->setDesc->natts != natts)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("function returns %d columns where this version of the idempotency library returns %d",
+						rsinfo->setDesc->natts, natts),
+				 errhint("Run ALTER EXTENSION idempotency UPDATE in this database, and reconnect.")));
 }
 
 
@@ -611,6 +684,109 @@ idem_wait_xact(TransactionId xid, TimestampTz deadline)
 
 
 /* ----------------------------------------------------------------
+ * Claims and their owners (1.1)
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Build the lock tag of a session-bound claim's owner: the backend's pid and
+ * start time, in this database.  A new backend that gets a dead owner's pid
+ * has another start time, hence another tag.
+ */
+static void
+idem_owner_locktag(LOCKTAG *tag, int32 pid, TimestampTz start)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) pid, (uint32) start,
+						 IDEM_OWNER_LOCKTAG_CLASS);
+}
+
+/*
+ * Make sure this backend holds its owner lock, before it makes a
+ * session-bound claim: a session-level lock, held until the backend exits
+ * (or until pg_advisory_unlock_all() or DISCARD ALL, which let go of every
+ * session-level advisory lock).  It is an advisory-type lock because the
+ * regular lock method drops session locks at the abort of any transaction.
+ * When held already this is one lookup in the backend's local lock table.
+ */
+static void
+idem_hold_owner_lock(void)
+{
+	LOCKTAG		tag;
+
+	idem_owner_locktag(&tag, MyProcPid, MyStartTimestamp);
+	(void) LockAcquire(&tag, ExclusiveLock, true, false);
+}
+
+/*
+ * Is the owner session of a session-bound record alive?  It is while it
+ * holds its owner lock: we try for the lock without waiting and give it
+ * back at once.  After the owner's exit, crash or a server restart, nobody
+ * holds it.  Our own claims are alive (our own lock would not conflict).
+ */
+static bool
+idem_owner_alive(const IdemRecord *rec)
+{
+	LOCKTAG		tag;
+
+	if (rec->owner_pid == MyProcPid && rec->owner_start == MyStartTimestamp)
+		return true;
+	idem_owner_locktag(&tag, rec->owner_pid, rec->owner_start);
+	if (idem_lock(&tag, ShareLock, true) == LOCKACQUIRE_NOT_AVAIL)
+		return true;
+	idem_unlock(&tag, ShareLock);
+	return false;
+}
+
+/*
+ * Make a new claim: 122 random bits from the strong random source, as a
+ * version 4 UUID, with this session as owner if session-bound.
+ */
+static void
+idem_new_claim(IdemClaim *claim, bool session_bound)
+{
+	if (!pg_strong_random(claim->claim.data, UUID_LEN))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate a random claim")));
+	claim->claim.data[6] = (claim->claim.data[6] & 0x0f) | 0x40;
+	claim->claim.data[8] = (claim->claim.data[8] & 0x3f) | 0x80;
+	claim->session_bound = session_bound;
+	claim->owner_pid = MyProcPid;
+	claim->owner_start = MyStartTimestamp;
+}
+
+/*
+ * ereport the error for a claim given to complete, release or extend that
+ * is not the record's current one.
+ */
+static void
+idem_claim_error(text *key, const IdemRecord *rec)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("claim of idempotency key \"%s\" is not the current claim",
+					text_to_cstring(key)),
+			 rec->claim_null ?
+			 errdetail("The record was claimed by version 1.0 and has no claim.") :
+			 errdetail("The record is at attempt %d: the claim was taken over, or released and claimed again.",
+					   rec->attempt),
+			 errhint("Do not report this claim's result; the current claim will.")));
+}
+
+/*
+ * Check a given claim against the record's: 55000 unless they are equal.
+ */
+static void
+idem_check_claim(text *key, bool given, const pg_uuid_t *claim,
+				 const IdemRecord *rec)
+{
+	if (given &&
+		(rec->claim_null || memcmp(claim, &rec->claim, sizeof(pg_uuid_t)) != 0))
+		idem_claim_error(key, rec);
+}
+
+
+/* ----------------------------------------------------------------
  * Reading records
  * ----------------------------------------------------------------
  */
@@ -869,14 +1045,41 @@ idem_settled(const IdemRecord *rec, const bytea *hash, IdemOutcome *outcome)
 }
 
 /*
+ * Whole seconds, rounded up and at least 1, from now until the end of the
+ * lease of an in_progress record: what retry_after says.  1 where there is
+ * no lease end to count to: the claiming transaction is still open
+ * (xact_open), or the claim is session-bound.
+ */
+static int32
+idem_retry_after(const IdemRecord *rec, bool have_record, bool xact_open)
+{
+	TimestampTz now;
+	int64		usecs;
+
+	if (xact_open || !have_record || !rec->owner_null ||
+		rec->locked_until_null)
+		return IDEM_RETRY_AFTER_MIN;
+	now = GetCurrentTimestamp();
+	if (rec->locked_until <= now)
+		return IDEM_RETRY_AFTER_MIN;
+	usecs = rec->locked_until - now;
+	return (int32) Min((usecs + USECS_PER_SEC - 1) / USECS_PER_SEC, PG_INT32_MAX);
+}
+
+/*
  * idem_acquire(key, request, scope, ttl, lease)
  *		returns table (outcome, response_status, response_body, attempt,
  *					   expires_at)
+ * idem_acquire_1_1(key, request, scope, ttl, lease, session_bound)
+ *		returns table (..., expires_at, claim, retry_after)
  *
- * Always exactly one row.  See the file header for the protocol.
+ * Always exactly one row.  See the file header for the protocol.  1.1
+ * writes a new claim with every acquired, and a session-bound claim is
+ * taken over as soon as its owner session is gone rather than when its
+ * lease runs out.
  */
-Datum
-idem_acquire(PG_FUNCTION_ARGS)
+static Datum
+idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *key;
@@ -884,6 +1087,9 @@ idem_acquire(PG_FUNCTION_ARGS)
 	bytea	   *hash = NULL;
 	int64		ttl;
 	int64		lease;
+	bool		session_bound = false;
+	IdemClaim	claim;
+	IdemClaim  *newclaim = NULL;
 	LOCKTAG		tag;
 	TimestampTz deadline;
 	TimestampTz now;
@@ -891,11 +1097,12 @@ idem_acquire(PG_FUNCTION_ARGS)
 	IdemRecord	rec;
 	IdemOutcome outcome;
 	bool		have_record = false;
+	bool		xact_open = false;
 	int			poll_ms = IDEM_POLL_MIN_MS;
 	IdemPasses	passes;
 	Relation	parent;
-	Datum		values[5];
-	bool		nulls[5];
+	Datum		values[7];
+	bool		nulls[7];
 
 	/* Check everything before touching anything */
 	key = idem_check_ident(fcinfo, 0, true);
@@ -903,12 +1110,23 @@ idem_acquire(PG_FUNCTION_ARGS)
 	idem_check_ttl_lease(fcinfo, 3, 4, &ttl, &lease);
 	if (!PG_ARGISNULL(1))
 		hash = idem_hash_jsonb(PG_GETARG_JSONB_P(1));
+	if (api == IDEM_API_1_1 && !PG_ARGISNULL(5))
+		session_bound = PG_GETARG_BOOL(5);
 
 	/* a standby can neither claim nor wait for the primary's claims */
 	PreventCommandDuringRecovery("idem_acquire()");
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	idem_check_result_natts(fcinfo, api == IDEM_API_1_1 ? 7 : 5);
 	parent = idem_records_open();
+	if (api == IDEM_API_1_1)
+	{
+		idem_require_1_1();
+		newclaim = &claim;
+		/* taken before any key lock, so that nothing waits on us for it */
+		if (session_bound)
+			idem_hold_owner_lock();
+	}
 
 	now = GetCurrentTimestamp();
 	deadline = TimestampTzPlusMilliseconds(now, idem_wait_timeout);
@@ -962,6 +1180,7 @@ idem_acquire(PG_FUNCTION_ARGS)
 			if (!idem_wait_xact(rec.waitxid, deadline))
 			{
 				have_record = !rec.wait_insert;
+				xact_open = true;
 				outcome = IDEM_IN_PROGRESS;
 				break;
 			}
@@ -974,8 +1193,12 @@ idem_acquire(PG_FUNCTION_ARGS)
 
 		if (!rec.found)
 		{
-			idem_records_insert(parent, scope, key, hash, now, now + lease,
-								now + ttl);
+			TimestampTz locked_until = session_bound ? now + ttl : now + lease;
+
+			if (newclaim)
+				idem_new_claim(newclaim, session_bound);
+			idem_records_insert(parent, scope, key, hash, now, locked_until,
+								now + ttl, newclaim);
 			idem_unlock(&tag, ExclusiveLock);
 			rec.attempt = 1;
 			rec.expires_at = now + ttl;
@@ -991,34 +1214,42 @@ idem_acquire(PG_FUNCTION_ARGS)
 		}
 
 		/*
-		 * Its lease has run out: take it over, as the contract says, even
-		 * when the claim is our own from earlier in this transaction.  An
-		 * attempt number that cannot grow any more is an error, never a
-		 * negative attempt.
+		 * Its lease has run out, or (session-bound) its owner session is
+		 * gone: take it over, as the contract says, even when the claim is
+		 * our own from earlier in this transaction.  An attempt number that
+		 * cannot grow any more is an error, never a negative attempt.
 		 */
-		if (rec.locked_until_null || rec.locked_until <= now)
+		if (rec.owner_null ?
+			(rec.locked_until_null || rec.locked_until <= now) :
+			!idem_owner_alive(&rec))
 		{
 			if (rec.attempt >= PG_INT32_MAX)
 				idem_attempt_limit_error(key, &rec);
+			if (newclaim)
+				idem_new_claim(newclaim, session_bound);
 			idem_records_takeover(parent, &rec, scope, key, rec.attempt + 1,
-								  Min(now + lease, rec.expires_at), hash);
+								  session_bound ? rec.expires_at :
+								  Min(now + lease, rec.expires_at),
+								  hash, newclaim);
 			idem_unlock(&tag, ExclusiveLock);
 			rec.attempt++;
 			outcome = IDEM_ACQUIRED;
 			break;
 		}
 
-		/* Our own claim, from earlier in this transaction, lease running */
+		/* Our own claim, from earlier in this transaction, still held */
 		if (TransactionIdIsCurrentTransactionId(rec.xmin))
 		{
 			idem_unlock(&tag, ExclusiveLock);
+			xact_open = true;
 			outcome = IDEM_IN_PROGRESS;
 			break;
 		}
 
 		/*
-		 * Committed, still processing, lease still running: the lease holder
-		 * is working across transactions.  Look again in a moment.
+		 * Committed, still processing, lease still running (or owner still
+		 * alive): the holder is working across transactions.  Look again in
+		 * a moment.
 		 */
 		idem_unlock(&tag, ExclusiveLock);
 		remaining_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
@@ -1055,10 +1286,36 @@ idem_acquire(PG_FUNCTION_ARGS)
 		values[4] = TimestampTzGetDatum(rec.expires_at);
 		nulls[4] = false;
 	}
+	if (api == IDEM_API_1_1)
+	{
+		if (outcome == IDEM_ACQUIRED)
+		{
+			values[5] = UUIDPGetDatum(&claim.claim);
+			nulls[5] = false;
+		}
+		if (outcome == IDEM_IN_PROGRESS)
+		{
+			values[6] = Int32GetDatum(idem_retry_after(&rec, have_record,
+													   xact_open));
+			nulls[6] = false;
+		}
+	}
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 
 	idem_records_close(parent);
 	return (Datum) 0;
+}
+
+Datum
+idem_acquire(PG_FUNCTION_ARGS)
+{
+	return idem_acquire_common(fcinfo, IDEM_API_1_0);
+}
+
+Datum
+idem_acquire_1_1(PG_FUNCTION_ARGS)
+{
+	return idem_acquire_common(fcinfo, IDEM_API_1_1);
 }
 
 
@@ -1070,19 +1327,23 @@ idem_acquire(PG_FUNCTION_ARGS)
 /*
  * idem_complete(key, response_status, response_body, scope, attempt)
  *		returns boolean
+ * idem_complete_1_1(..., attempt, claim) returns boolean
  *
  * True when it turned the processing record into completed; false when the
  * record was completed already.  No live record: P0002.  A given attempt
- * that is not the record's: 55000, checked before the completed case.
+ * or claim that is not the record's: 55000, checked before the completed
+ * case.
  */
-Datum
-idem_complete(PG_FUNCTION_ARGS)
+static Datum
+idem_complete_common(FunctionCallInfo fcinfo, IdemApi api)
 {
 	text	   *key;
 	text	   *scope;
 	int32		status;
 	int32		attempt = 0;
 	bool		check_attempt;
+	pg_uuid_t	claim;
+	bool		check_claim = false;
 	LOCKTAG		tag;
 	TimestampTz now;
 	IdemRecord	rec;
@@ -1113,9 +1374,13 @@ idem_complete(PG_FUNCTION_ARGS)
 							   size, idem_max_response_bytes)));
 	}
 	check_attempt = idem_check_attempt(fcinfo, 4, &attempt);
+	if (api == IDEM_API_1_1)
+		check_claim = idem_check_claim_arg(fcinfo, 5, &claim);
 	PreventCommandDuringRecovery("idem_complete()");
 
 	parent = idem_records_open();
+	if (api == IDEM_API_1_1)
+		idem_require_1_1();
 	idem_key_locktag(&tag, scope, key);
 	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
 
@@ -1123,6 +1388,7 @@ idem_complete(PG_FUNCTION_ARGS)
 		idem_no_record_error(scope, key);
 	if (check_attempt && attempt != rec.attempt)
 		idem_attempt_error(key, attempt, &rec);
+	idem_check_claim(key, check_claim, &claim, &rec);
 	if (!rec.completed)
 	{
 		idem_records_complete(parent, &rec, scope, key, status,
@@ -1137,20 +1403,36 @@ idem_complete(PG_FUNCTION_ARGS)
 	PG_RETURN_BOOL(result);
 }
 
+Datum
+idem_complete(PG_FUNCTION_ARGS)
+{
+	return idem_complete_common(fcinfo, IDEM_API_1_0);
+}
+
+Datum
+idem_complete_1_1(PG_FUNCTION_ARGS)
+{
+	return idem_complete_common(fcinfo, IDEM_API_1_1);
+}
+
 /*
  * idem_release(key, scope, attempt) returns boolean
+ * idem_release_1_1(key, scope, attempt, claim) returns boolean
  *
  * Removes a live processing record, so that the next claim is attempt 1.
  * False where there is none; a completed record is never released.  A given
- * attempt that is not the record's: 55000, checked before the completed case.
+ * attempt or claim that is not the record's: 55000, checked before the
+ * completed case.
  */
-Datum
-idem_release(PG_FUNCTION_ARGS)
+static Datum
+idem_release_common(FunctionCallInfo fcinfo, IdemApi api)
 {
 	text	   *key;
 	text	   *scope;
 	int32		attempt = 0;
 	bool		check_attempt;
+	pg_uuid_t	claim;
+	bool		check_claim = false;
 	LOCKTAG		tag;
 	IdemRecord	rec;
 	Relation	parent;
@@ -1160,9 +1442,13 @@ idem_release(PG_FUNCTION_ARGS)
 	key = idem_check_ident(fcinfo, 0, true);
 	scope = idem_check_ident(fcinfo, 1, false);
 	check_attempt = idem_check_attempt(fcinfo, 2, &attempt);
+	if (api == IDEM_API_1_1)
+		check_claim = idem_check_claim_arg(fcinfo, 3, &claim);
 	PreventCommandDuringRecovery("idem_release()");
 
 	parent = idem_records_open();
+	if (api == IDEM_API_1_1)
+		idem_require_1_1();
 	idem_key_locktag(&tag, scope, key);
 	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
 
@@ -1170,6 +1456,7 @@ idem_release(PG_FUNCTION_ARGS)
 	{
 		if (check_attempt && attempt != rec.attempt)
 			idem_attempt_error(key, attempt, &rec);
+		idem_check_claim(key, check_claim, &claim, &rec);
 		if (!rec.completed)
 		{
 			idem_records_delete(parent, &rec);
@@ -1182,6 +1469,84 @@ idem_release(PG_FUNCTION_ARGS)
 	PG_RETURN_BOOL(result);
 }
 
+Datum
+idem_release(PG_FUNCTION_ARGS)
+{
+	return idem_release_common(fcinfo, IDEM_API_1_0);
+}
+
+Datum
+idem_release_1_1(PG_FUNCTION_ARGS)
+{
+	return idem_release_common(fcinfo, IDEM_API_1_1);
+}
+
+/*
+ * idem_extend(key, scope, claim, lease) returns timestamptz
+ *
+ * The holder of a processing claim pushes its lease out: locked_until =
+ * now + lease (default idempotency.default_lease), capped at expires_at;
+ * returns the new locked_until.  No live record, or a completed one: P0002.
+ * A given claim that is not the record's: 55000, checked first, as in
+ * idem_complete.  A session-bound claim has no lease to extend: its
+ * locked_until is already expires_at, returned as it is, nothing written.
+ */
+Datum
+idem_extend(PG_FUNCTION_ARGS)
+{
+	text	   *key;
+	text	   *scope;
+	pg_uuid_t	claim;
+	bool		check_claim;
+	int64		lease;
+	int64		max_usecs = (int64) idem_max_ttl * USECS_PER_SEC;
+	LOCKTAG		tag;
+	IdemRecord	rec;
+	Relation	parent;
+	TimestampTz now;
+	TimestampTz locked_until;
+
+	key = idem_check_ident(fcinfo, 0, true);
+	scope = idem_check_ident(fcinfo, 1, false);
+	check_claim = idem_check_claim_arg(fcinfo, 2, &claim);
+	if (PG_ARGISNULL(3))
+		lease = (int64) idem_default_lease * USECS_PER_SEC;
+	else if (!idem_interval_usecs(PG_GETARG_INTERVAL_P(3), &lease) ||
+			 lease <= 0 || lease > max_usecs)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be greater than zero and at most idempotency.max_ttl"),
+				 errdetail("idempotency.max_ttl is %d seconds.", idem_max_ttl)));
+	PreventCommandDuringRecovery("idem_extend()");
+
+	parent = idem_records_open();
+	idem_require_1_1();
+	idem_key_locktag(&tag, scope, key);
+	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
+
+	if (!rec.found)
+		idem_no_record_error(scope, key);
+	idem_check_claim(key, check_claim, &claim, &rec);
+	if (rec.completed)
+		ereport(ERROR,
+				(errcode(ERRCODE_NO_DATA_FOUND),
+				 errmsg("idempotency key \"%s\" in scope \"%s\" is completed",
+						text_to_cstring(key), text_to_cstring(scope)),
+				 errdetail("Only a processing claim has a lease to extend.")));
+
+	if (!rec.owner_null)
+		locked_until = rec.locked_until_null ? rec.expires_at : rec.locked_until;
+	else
+	{
+		locked_until = now + Min(lease, rec.expires_at - now);
+		idem_records_extend(parent, &rec, scope, key, locked_until);
+	}
+	idem_unlock(&tag, ExclusiveLock);
+
+	idem_records_close(parent);
+	PG_RETURN_TIMESTAMPTZ(locked_until);
+}
+
 
 /* ----------------------------------------------------------------
  * idem_lookup
@@ -1189,13 +1554,16 @@ idem_release(PG_FUNCTION_ARGS)
  */
 
 /*
- * idem_lookup(key, scope) returns table (status, request_hash, ...)
+ * idem_lookup(key, scope) returns table (status, request_hash, ...,
+ *		expires_at)
+ * idem_lookup_1_1(key, scope) returns table (..., expires_at, owner_pid)
  *
  * The live record, or no row.  Never waits, never writes: a plain read with
- * the caller's snapshot, no key lock.
+ * the caller's snapshot, no key lock.  owner_pid: the owner of a
+ * session-bound processing record, else NULL.
  */
-Datum
-idem_lookup(PG_FUNCTION_ARGS)
+static Datum
+idem_lookup_common(FunctionCallInfo fcinfo, IdemApi api)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *key;
@@ -1208,15 +1576,18 @@ idem_lookup(PG_FUNCTION_ARGS)
 	scope = idem_check_ident(fcinfo, 1, false);
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	idem_check_result_natts(fcinfo, api == IDEM_API_1_1 ? 10 : 9);
 	parent = idem_records_open();
+	if (api == IDEM_API_1_1)
+		idem_require_1_1();
 
 	now = GetCurrentTimestamp();
 	idem_read_mvcc(parent, scope, key, now, now + idem_default_ttl_usecs(),
 				   &rec);
 	if (rec.found)
 	{
-		Datum		values[9];
-		bool		nulls[9];
+		Datum		values[10];
+		bool		nulls[10];
 
 		memset(nulls, false, sizeof(nulls));
 		values[0] = CStringGetTextDatum(rec.completed ? "completed" : "processing");
@@ -1233,11 +1604,25 @@ idem_lookup(PG_FUNCTION_ARGS)
 		values[7] = TimestampTzGetDatum(rec.completed_at);
 		nulls[7] = rec.completed_at_null;
 		values[8] = TimestampTzGetDatum(rec.expires_at);
+		values[9] = Int32GetDatum(rec.owner_pid);
+		nulls[9] = rec.owner_null || rec.completed;
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 
 	idem_records_close(parent);
 	return (Datum) 0;
+}
+
+Datum
+idem_lookup(PG_FUNCTION_ARGS)
+{
+	return idem_lookup_common(fcinfo, IDEM_API_1_0);
+}
+
+Datum
+idem_lookup_1_1(PG_FUNCTION_ARGS)
+{
+	return idem_lookup_common(fcinfo, IDEM_API_1_1);
 }
 
 

@@ -19,6 +19,7 @@
 #include "storage/itemptr.h"
 #include "utils/relcache.h"
 #include "utils/snapshot.h"
+#include "utils/uuid.h"
 
 /*
  * The live record of a (scope, key), as a probe found it.  Pass-by-reference
@@ -51,11 +52,31 @@ typedef struct IdemRecord
 	bool		completed_at_null;
 	TimestampTz completed_at;
 	TimestampTz expires_at;
+	/* 1.1 columns; NULL (true) for records made by 1.0 or at 1.0 */
+	bool		claim_null;
+	pg_uuid_t	claim;
+	bool		owner_null;		/* not session-bound */
+	int32		owner_pid;
+	TimestampTz owner_start;
 } IdemRecord;
+
+/*
+ * The 1.1 columns of a claim being written: its claim id and, for a
+ * session-bound claim, the owner session.  Writers made by the 1.0 entry
+ * points pass NULL instead and leave those columns NULL.
+ */
+typedef struct IdemClaim
+{
+	pg_uuid_t	claim;
+	bool		session_bound;
+	int32		owner_pid;
+	TimestampTz owner_start;
+} IdemClaim;
 
 /* records.c */
 extern void idem_records_init(void);
 extern Relation idem_records_open(void);
+extern bool idem_records_have_claims(void);
 extern void idem_records_close(Relation parent);
 extern void idem_records_find(Relation parent, text *scope, text *key,
 							  TimestampTz now, TimestampTz hint,
@@ -63,11 +84,16 @@ extern void idem_records_find(Relation parent, text *scope, text *key,
 extern void idem_records_insert(Relation parent, text *scope, text *key,
 								bytea *request_hash, TimestampTz now,
 								TimestampTz locked_until,
-								TimestampTz expires_at);
+								TimestampTz expires_at,
+								const IdemClaim *claim);
 extern void idem_records_takeover(Relation parent, const IdemRecord *rec,
 								  text *scope, text *key, int32 attempt,
 								  TimestampTz locked_until,
-								  bytea *request_hash);
+								  bytea *request_hash,
+								  const IdemClaim *claim);
+extern void idem_records_extend(Relation parent, const IdemRecord *rec,
+								text *scope, text *key,
+								TimestampTz locked_until);
 extern void idem_records_complete(Relation parent, const IdemRecord *rec,
 								  text *scope, text *key, int32 status,
 								  Datum body, bool body_null,

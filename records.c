@@ -85,8 +85,15 @@ typedef enum IdemColumn
 	COL_LOCKED_UNTIL,
 	COL_COMPLETED_AT,
 	COL_EXPIRES_AT,
+	/* added by 1.1: absent while the database is still at 1.0 */
+	COL_CLAIM,
+	COL_OWNER_PID,
+	COL_OWNER_START,
 	IDEM_NCOLUMNS
 } IdemColumn;
+
+/* Columns before this one are required; the rest may be missing */
+#define IDEM_NREQUIRED	COL_CLAIM
 
 static const char *const idem_column_names[IDEM_NCOLUMNS] = {
 	[COL_SCOPE] = "scope",
@@ -100,11 +107,15 @@ static const char *const idem_column_names[IDEM_NCOLUMNS] = {
 	[COL_LOCKED_UNTIL] = "locked_until",
 	[COL_COMPLETED_AT] = "completed_at",
 	[COL_EXPIRES_AT] = "expires_at",
+	[COL_CLAIM] = "claim",
+	[COL_OWNER_PID] = "owner_pid",
+	[COL_OWNER_START] = "owner_start",
 };
 
 /*
  * What we need to know of a partition, cached per backend: its index on
- * (scope, key) and where each column is.  Entries go when the relcache entry
+ * (scope, key) and where each column is (InvalidAttrNumber for a 1.1 column
+ * of a database still at 1.0).  Entries go when the relcache entry
  * of the partition is invalidated (an index made or dropped, a column
  * changed, the partition dropped).
  */
@@ -119,6 +130,9 @@ static HTAB *idem_partitions = NULL;
 
 /* OID of idempotency.records, or InvalidOid until looked up */
 static Oid	idem_records_relid = InvalidOid;
+
+/* Whether idempotency.records has the 1.1 columns; valid with the OID */
+static bool idem_records_v11 = false;
 
 /* A candidate partition for a probe */
 typedef struct IdemCandidate
@@ -202,7 +216,7 @@ idem_partition_info(Relation rel, IdemPartition *result)
 		for (i = 0; i < IDEM_NCOLUMNS; i++)
 		{
 			info.attnum[i] = get_attnum(relid, idem_column_names[i]);
-			if (info.attnum[i] == InvalidAttrNumber)
+			if (info.attnum[i] == InvalidAttrNumber && i < IDEM_NREQUIRED)
 				ereport(ERROR,
 						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 						 errmsg("partition \"%s\" of \"idempotency.records\" has no column \"%s\"",
@@ -299,6 +313,22 @@ idem_records_open(void)
 					 errmsg("relation \"idempotency.records\" does not exist"),
 					 errhint("Run CREATE EXTENSION idempotency in this database.")));
 		parent = table_open(relid, AccessShareLock);
+		idem_records_relid = InvalidOid;
+	}
+
+	/*
+	 * Opening may have processed an invalidation of the table (ALTER
+	 * EXTENSION UPDATE adding the 1.1 columns): look its columns up again.
+	 * Under our lock they cannot change until the transaction ends.
+	 */
+	if (!OidIsValid(idem_records_relid))
+	{
+		Oid			relid = RelationGetRelid(parent);
+
+		idem_records_v11 =
+			get_attnum(relid, idem_column_names[COL_CLAIM]) != InvalidAttrNumber &&
+			get_attnum(relid, idem_column_names[COL_OWNER_PID]) != InvalidAttrNumber &&
+			get_attnum(relid, idem_column_names[COL_OWNER_START]) != InvalidAttrNumber;
 		idem_records_relid = relid;
 	}
 	if (parent->rd_rel->relkind != RELKIND_PARTITIONED_TABLE)
@@ -308,6 +338,18 @@ idem_records_open(void)
 
 	idem_check_privilege(parent, ACL_SELECT);
 	return parent;
+}
+
+/*
+ * Does idempotency.records have the columns of version 1.1?  Valid after
+ * idem_records_open, while the table is open: false in a database whose
+ * extension is still at 1.0 (the library was replaced before ALTER
+ * EXTENSION idempotency UPDATE).
+ */
+bool
+idem_records_have_claims(void)
+{
+	return idem_records_v11;
 }
 
 /*
@@ -409,6 +451,22 @@ idem_fill_record(IdemRecord *rec, Relation rel, const IdemPartition *part,
 	if (!rec->completed_at_null)
 		rec->completed_at = DatumGetTimestampTz(slot->tts_values[ATT(COL_COMPLETED_AT)]);
 	rec->expires_at = DatumGetTimestampTz(slot_getattr(slot, part->attnum[COL_EXPIRES_AT], &isnull));
+
+	/* the 1.1 columns, NULL where the table does not have them yet */
+	rec->claim_null = part->attnum[COL_CLAIM] == InvalidAttrNumber ||
+		slot->tts_isnull[ATT(COL_CLAIM)];
+	if (!rec->claim_null)
+		memcpy(&rec->claim, DatumGetUUIDP(slot->tts_values[ATT(COL_CLAIM)]),
+			   sizeof(pg_uuid_t));
+	rec->owner_null = part->attnum[COL_OWNER_PID] == InvalidAttrNumber ||
+		part->attnum[COL_OWNER_START] == InvalidAttrNumber ||
+		slot->tts_isnull[ATT(COL_OWNER_PID)] ||
+		slot->tts_isnull[ATT(COL_OWNER_START)];
+	if (!rec->owner_null)
+	{
+		rec->owner_pid = DatumGetInt32(slot->tts_values[ATT(COL_OWNER_PID)]);
+		rec->owner_start = DatumGetTimestampTz(slot->tts_values[ATT(COL_OWNER_START)]);
+	}
 #undef ATT
 }
 
@@ -694,6 +752,14 @@ idem_form_tuple(Relation rel, const IdemPartition *part,
 		nulls[i] = true;		/* dropped columns stay NULL */
 	for (i = 0; i < IDEM_NCOLUMNS; i++)
 	{
+		if (part->attnum[i] == InvalidAttrNumber)
+		{
+			/* a 1.1 column of a table still at 1.0: nothing may go there */
+			if (!colnulls[i])
+				elog(ERROR, "partition \"%s\" of \"idempotency.records\" has no column \"%s\"",
+					 RelationGetRelationName(rel), idem_column_names[i]);
+			continue;
+		}
 		values[part->attnum[i] - 1] = colvalues[i];
 		nulls[part->attnum[i] - 1] = colnulls[i];
 	}
@@ -729,6 +795,31 @@ idem_record_columns(const IdemRecord *rec, text *scope, text *key,
 	nulls[COL_COMPLETED_AT] = rec->completed_at_null;
 	values[COL_EXPIRES_AT] = TimestampTzGetDatum(rec->expires_at);
 	nulls[COL_EXPIRES_AT] = false;
+	values[COL_CLAIM] = UUIDPGetDatum(&rec->claim);
+	nulls[COL_CLAIM] = rec->claim_null;
+	values[COL_OWNER_PID] = Int32GetDatum(rec->owner_pid);
+	nulls[COL_OWNER_PID] = rec->owner_null;
+	values[COL_OWNER_START] = TimestampTzGetDatum(rec->owner_start);
+	nulls[COL_OWNER_START] = rec->owner_null;
+}
+
+/*
+ * Set the 1.1 columns of a claim being written: claim NULL (a 1.0 entry
+ * point) leaves all three NULL; a lease claim has no owner.
+ */
+static void
+idem_claim_columns(const IdemClaim *claim, Datum *values, bool *nulls)
+{
+	values[COL_CLAIM] = claim ? UUIDPGetDatum(&claim->claim) : (Datum) 0;
+	nulls[COL_CLAIM] = (claim == NULL);
+	if (claim != NULL && claim->session_bound)
+	{
+		values[COL_OWNER_PID] = Int32GetDatum(claim->owner_pid);
+		values[COL_OWNER_START] = TimestampTzGetDatum(claim->owner_start);
+		nulls[COL_OWNER_PID] = nulls[COL_OWNER_START] = false;
+	}
+	else
+		nulls[COL_OWNER_PID] = nulls[COL_OWNER_START] = true;
 }
 
 /*
@@ -738,7 +829,8 @@ idem_record_columns(const IdemRecord *rec, text *scope, text *key,
 void
 idem_records_insert(Relation parent, text *scope, text *key,
 					bytea *request_hash, TimestampTz now,
-					TimestampTz locked_until, TimestampTz expires_at)
+					TimestampTz locked_until, TimestampTz expires_at,
+					const IdemClaim *claim)
 {
 	Relation	rel;
 	IdemPartition part;
@@ -758,6 +850,7 @@ idem_records_insert(Relation parent, text *scope, text *key,
 	rec.completed_at_null = true;
 	rec.expires_at = expires_at;
 	idem_record_columns(&rec, scope, key, values, nulls);
+	idem_claim_columns(claim, values, nulls);
 
 	idem_prepare_write(parent, ACL_INSERT);
 	rel = table_open(idem_route(parent, expires_at), RowExclusiveLock);
@@ -796,13 +889,14 @@ idem_update(const IdemRecord *rec, const Datum *values, const bool *nulls)
 }
 
 /*
- * Take over a processing record whose lease ran out: the next attempt, a
- * new lease, and the request hash if the record had none.
+ * Take over a processing record whose lease ran out (or whose owner session
+ * is gone): the next attempt, a new lease, the new claim's 1.1 columns, and
+ * the request hash if the record had none.
  */
 void
 idem_records_takeover(Relation parent, const IdemRecord *rec, text *scope,
 					  text *key, int32 attempt, TimestampTz locked_until,
-					  bytea *request_hash)
+					  bytea *request_hash, const IdemClaim *claim)
 {
 	Datum		values[IDEM_NCOLUMNS];
 	bool		nulls[IDEM_NCOLUMNS];
@@ -817,6 +911,25 @@ idem_records_takeover(Relation parent, const IdemRecord *rec, text *scope,
 		values[COL_REQUEST_HASH] = PointerGetDatum(request_hash);
 		nulls[COL_REQUEST_HASH] = false;
 	}
+	idem_claim_columns(claim, values, nulls);
+	idem_update(rec, values, nulls);
+}
+
+/*
+ * Push the lease of a processing record out to locked_until (idem_extend);
+ * everything else stays.
+ */
+void
+idem_records_extend(Relation parent, const IdemRecord *rec, text *scope,
+					text *key, TimestampTz locked_until)
+{
+	Datum		values[IDEM_NCOLUMNS];
+	bool		nulls[IDEM_NCOLUMNS];
+
+	idem_prepare_write(parent, ACL_UPDATE);
+	idem_record_columns(rec, scope, key, values, nulls);
+	values[COL_LOCKED_UNTIL] = TimestampTzGetDatum(locked_until);
+	nulls[COL_LOCKED_UNTIL] = false;
 	idem_update(rec, values, nulls);
 }
 

@@ -37,7 +37,7 @@ SELECT p.proname,
   FROM pg_proc p
  WHERE p.pronamespace = 'idempotency'::regnamespace
    AND p.proname IN ('idem_acquire', 'idem_complete', 'idem_release',
-                     'idem_lookup', 'idem_request_hash')
+                     'idem_lookup', 'idem_request_hash', 'idem_extend')
  ORDER BY p.proname;
 
 SELECT proname, provolatile, proisstrict

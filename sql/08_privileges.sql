@@ -23,7 +23,8 @@ CREATE TEMP VIEW api_calls (n, what, call) AS VALUES
     (9, 'SELECT records', $$SELECT pg_catalog.count(*) FROM idempotency.records$$),
     (10, 'INSERT records', $$INSERT INTO idempotency.records (scope, key, status, created_at, expires_at) VALUES ('', 'p-x', 'processing', now(), now())$$),
     (11, 'UPDATE records', $$UPDATE idempotency.records SET attempt = attempt WHERE key = 'p-owned'$$),
-    (12, 'DELETE records', $$DELETE FROM idempotency.records WHERE key = 'p-x'$$);
+    (12, 'DELETE records', $$DELETE FROM idempotency.records WHERE key = 'p-x'$$),
+    (13, 'idem_extend', $$SELECT idempotency.idem_extend('p-1')$$);
 GRANT SELECT ON api_calls TO regress_idem_app;
 
 -- 1. no grants at all
@@ -41,9 +42,10 @@ RESET ROLE;
 -- everything that touches the records does not (and the maintenance
 -- functions are not among the grants)
 GRANT EXECUTE ON FUNCTION
-    idempotency.idem_acquire(text, jsonb, text, interval, interval),
-    idempotency.idem_complete(text, int, jsonb, text, int),
-    idempotency.idem_release(text, text, int),
+    idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean),
+    idempotency.idem_complete(text, int, jsonb, text, int, uuid),
+    idempotency.idem_release(text, text, int, uuid),
+    idempotency.idem_extend(text, text, uuid, interval),
     idempotency.idem_lookup(text, text),
     idempotency.idem_request_hash(jsonb)
     TO regress_idem_app;

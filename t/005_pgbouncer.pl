@@ -333,6 +333,32 @@ is($l_left, 0, 'lease mode: no claim left processing');
 diag(sprintf('pgbouncer (transaction pooling, pool %d): scenario of %d steps identical to direct; load %d transactions by 8 clients in %.1f s: %d acquired, %d replayed, 0 duplicates; lease mode: %d claims completed in a later transaction, %d of them on another server connection',
 		$pool_size, $n, 1200, $secs, $done, $replays, $l_total, $l_moved));
 
+# Session-bound claims behind a transaction pooler (README: use leases
+# there): the owner is the pooler's server connection, not the client.  A
+# client that claims session-bound and disconnects leaves the claim
+# in_progress, because the server connection lives on in the pool; the claim
+# is taken over only once that server connection ends.
+my (undef, $sb) = run_psql_bouncer('postgres',
+	q{SELECT a.outcome || '|' || pg_backend_pid()
+	    FROM idempotency.idem_acquire('pool-sb', ttl => '1 hour', lease => '1 second', session_bound => true) a});
+my ($sb_outcome, $sb_server) = split /\|/, $sb;
+is($sb_outcome, 'acquired', 'session-bound via pgbouncer: the client acquires, then disconnects');
+usleep(1_100_000);
+my (undef, $sb_again) = run_psql_bouncer('postgres',
+	q{BEGIN; SET LOCAL idempotency.wait_timeout = 0;
+	  SELECT a.outcome || '|' || a.retry_after FROM idempotency.idem_acquire('pool-sb', lease => '1 minute') a; COMMIT;});
+is($sb_again, 'in_progress|1',
+	'session-bound via pgbouncer: after the client is gone (and its lease would have run out) the claim is still in_progress: its owner is the pooled server connection');
+is($node->safe_psql('postgres', q{SELECT owner_pid FROM idempotency.idem_lookup('pool-sb')}),
+	$sb_server, 'session-bound via pgbouncer: the owner is the server connection');
+$node->safe_psql('postgres', "SELECT pg_terminate_backend($sb_server)");
+$node->poll_query_until('postgres',
+	"SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $sb_server)")
+  or die 'the server connection did not end';
+is( $node->safe_psql('postgres',
+		q{SELECT outcome || '|' || attempt FROM idempotency.idem_acquire('pool-sb', lease => '1 minute')}),
+	'acquired|2', 'session-bound via pgbouncer: taken over only once the server connection ends');
+
 # ---------------------------------------------------------------------
 $bouncer->signal('TERM');
 $bouncer->finish;
