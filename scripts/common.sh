@@ -71,6 +71,17 @@ as_postgres() {
 	fi
 }
 
+# v10_revision: the commit of release 1.0 (tag v1.0, or else the parent of
+# the commit that added the 1.0--1.1 update script, for a clone without
+# tags); fails where git or the history is missing.
+v10_revision() {
+	local rev
+	rev=$(git -C "$REPO_ROOT" rev-parse -q --verify 'v1.0^{commit}' 2>/dev/null) ||
+		rev=$(git -C "$REPO_ROOT" log --diff-filter=A --format=%H -1 \
+			-- idempotency--1.0--1.1.sql 2>/dev/null | sed 's/$/^/')
+	[[ -n $rev ]] && echo "$rev"
+}
+
 install_deps() {
 	local p missing=()
 	for p in "${IDEM_PACKAGES[@]}"; do

@@ -340,7 +340,7 @@ mx_result() {
 
 # mx_run_major MAJOR: build and test in MAJOR's root; records the result.
 mx_run_major() {
-	local major=$1 t0 root reason rc=0 out passed failed skipped warnings note='' lock_fd
+	local major=$1 t0 root reason rc=0 out passed failed skipped warnings note='' lock_fd v10
 	t0=$(date +%s)
 	log "======== PostgreSQL $major ========"
 	# One run at a time builds or uses a root.
@@ -364,6 +364,13 @@ mx_run_major() {
 		--exclude='*.bc' --exclude=./results --exclude=./output_iso \
 		--exclude=./tmp_check --exclude=./tmp_check_iso --exclude=./log \
 		--exclude=./bench/results -cf - . | tar -C "$root/build" -xf -
+	# and the 1.0 sources, for t/012_upgrade.pl's session on the 1.0 library
+	# (the copy has no git history)
+	if v10=$(v10_revision); then
+		mkdir "$root/build/.v10"
+		git -C "$REPO_ROOT" archive "$v10" | tar -C "$root/build/.v10" -xf - ||
+			rm -rf "$root/build/.v10"
+	fi
 
 	mx_mount "$root"
 	out=$MATRIX_CACHE/pg$major-test.log
@@ -371,7 +378,7 @@ mx_run_major() {
 	timeout -k 60 "$MATRIX_TIMEOUT" chroot "$root" /usr/bin/env -i \
 		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" CI="${CI:-}" \
-		IDEM_PG_MAJOR="$major" IDEM_MATRIX=0 \
+		IDEM_PG_MAJOR="$major" IDEM_MATRIX=0 IDEM_V10_SRC=/build/.v10 \
 		bash /build/scripts/test.sh 2>&1 </dev/null |
 		tee "$out" | sed -u "s/^/[pg$major] /" || rc=$?
 	mx_cleanup
