@@ -73,9 +73,10 @@ SELECT pg_catalog.count(*) FROM idempotency.idem_lookup('u-wrong');
 -- A user view over a function the update re-creates blocks it, with an
 -- error that names the view, before anything is changed.
 CREATE VIEW public.my_lookup AS SELECT * FROM idempotency.idem_lookup('u-done');
-\set VERBOSITY default
+-- (no context: PostgreSQL 18 adds the script's statement to it)
+\set SHOW_CONTEXT never
 ALTER EXTENSION idempotency UPDATE;
-\set VERBOSITY default
+\set SHOW_CONTEXT errors
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 DROP VIEW public.my_lookup;
 
