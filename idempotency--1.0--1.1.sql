@@ -185,6 +185,24 @@ BEGIN
          WHERE objoid OPERATOR(pg_catalog.=) pair.new_oid
            AND classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
            AND objsubid OPERATOR(pg_catalog.=) 0;
+
+        -- From PostgreSQL 17 on, the roles named in initial privileges are
+        -- also recorded as shared dependencies (deptype 'i'); those of the
+        -- grants just made go with them, or the roles could not be dropped.
+        IF pg_catalog.current_setting('server_version_num')::pg_catalog.int4
+           OPERATOR(pg_catalog.>=) 170000 THEN
+            DELETE FROM pg_catalog.pg_shdepend d
+             WHERE d.deptype OPERATOR(pg_catalog.=) 'i'
+               AND d.dbid OPERATOR(pg_catalog.=)
+                   (SELECT db.oid FROM pg_catalog.pg_database db
+                     WHERE db.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+               AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+               AND d.objid OPERATOR(pg_catalog.=) pair.new_oid
+               AND d.objsubid OPERATOR(pg_catalog.=) 0
+               AND NOT EXISTS (SELECT FROM pg_catalog.aclexplode(initial) a
+                                WHERE a.grantee OPERATOR(pg_catalog.=) d.refobjid
+                                   OR a.grantor OPERATOR(pg_catalog.=) d.refobjid);
+        END IF;
     END LOOP;
 END
 $$;

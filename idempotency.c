@@ -405,6 +405,22 @@ idem_require_1_1(void)
 }
 
 /*
+ * Check that the function was declared with the arguments this entry point
+ * reads: one declared by hand with fewer must fail cleanly rather than read
+ * past them.
+ */
+static void
+idem_check_nargs(FunctionCallInfo fcinfo, int nargs)
+{
+	if (PG_NARGS() != nargs)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("function takes %d arguments where this entry point of the idempotency library reads %d",
+						PG_NARGS(), nargs),
+				 errhint("Run ALTER EXTENSION idempotency UPDATE in this database, and reconnect.")));
+}
+
+/*
  * Check that the caller expects the result shape of the interface we serve:
  * a 1.0 symbol bound to a 1.1 function (or the reverse) must fail cleanly,
  * never fill a row of one shape into the other.
@@ -689,9 +705,20 @@ idem_wait_xact(TransactionId xid, TimestampTz deadline)
  */
 
 /*
+ * This backend's current ownership: the backend's start time for its first,
+ * or when it took the owner lock again after an ownership ended; 0 before
+ * its first session-bound claim.  A record's owner_start
+ * is this value, so an ownership that ended while the backend lives on
+ * (DISCARD ALL from a session pooler handing the connection to another
+ * client, pg_advisory_unlock_all()) cannot be taken for the next one.
+ */
+static TimestampTz idem_owner_since = 0;
+
+/*
  * Build the lock tag of a session-bound claim's owner: the backend's pid and
- * start time, in this database.  A new backend that gets a dead owner's pid
- * has another start time, hence another tag.
+ * when its ownership began, in this database.  A new backend that gets a
+ * dead owner's pid, or a later ownership of the same backend, has another
+ * start, hence another tag.
  */
 static void
 idem_owner_locktag(LOCKTAG *tag, int32 pid, TimestampTz start)
@@ -701,35 +728,81 @@ idem_owner_locktag(LOCKTAG *tag, int32 pid, TimestampTz start)
 }
 
 /*
+ * Whether this backend still holds the owner lock of its current ownership.
+ * One lookup in the backend's local lock table: acquiring a lock already held
+ * only counts it again, and the count is given back at once.  A lock that
+ * was let go of (by pg_advisory_unlock_all() or DISCARD ALL, which release
+ * every session-level advisory lock) is acquired anew here and given back
+ * too.
+ */
+static bool
+idem_owner_lock_held(void)
+{
+	LOCKTAG		tag;
+	LockAcquireResult result;
+
+	if (idem_owner_since == 0)
+		return false;
+	idem_owner_locktag(&tag, MyProcPid, idem_owner_since);
+	result = LockAcquire(&tag, ExclusiveLock, true, false);
+	LockRelease(&tag, ExclusiveLock, true);
+	return result == LOCKACQUIRE_ALREADY_HELD ||
+		result == LOCKACQUIRE_ALREADY_CLEAR;
+}
+
+/*
  * Make sure this backend holds its owner lock, before it makes a
  * session-bound claim: a session-level lock, held until the backend exits
- * (or until pg_advisory_unlock_all() or DISCARD ALL, which let go of every
- * session-level advisory lock).  It is an advisory-type lock because the
- * regular lock method drops session locks at the abort of any transaction.
- * When held already this is one lookup in the backend's local lock table.
+ * or lets go of its session-level advisory locks.  It is an advisory-type
+ * lock because the regular lock method drops session locks at the abort of
+ * any transaction.  When the lock of the current ownership was let go of,
+ * that ownership has ended (its claims are taken over as their owner's
+ * would be after a disconnect) and a new one begins, with a tag of its own.
  */
 static void
 idem_hold_owner_lock(void)
 {
 	LOCKTAG		tag;
+	TimestampTz previous = idem_owner_since;
 
-	idem_owner_locktag(&tag, MyProcPid, MyStartTimestamp);
+	if (idem_owner_lock_held())
+		return;
+	/* the backend's start, or now for an ownership after one that ended */
+	idem_owner_since = (previous == 0) ? MyStartTimestamp :
+		Max(GetCurrentTimestamp(), previous + 1);
+	idem_owner_locktag(&tag, MyProcPid, idem_owner_since);
 	(void) LockAcquire(&tag, ExclusiveLock, true, false);
+}
+
+/*
+ * Whether a session-bound record's owner is this backend's current, unended
+ * ownership.  Its own lock would not conflict with the probe of
+ * idem_owner_alive, so it is recognised by pid and start instead.
+ */
+static bool
+idem_owner_is_me(const IdemRecord *rec)
+{
+	return idem_owner_since != 0 &&
+		rec->owner_pid == MyProcPid &&
+		rec->owner_start == idem_owner_since &&
+		idem_owner_lock_held();
 }
 
 /*
  * Is the owner session of a session-bound record alive?  It is while it
  * holds its owner lock: we try for the lock without waiting and give it
- * back at once.  After the owner's exit, crash or a server restart, nobody
- * holds it.  Our own claims are alive (our own lock would not conflict).
+ * back at once.  After the owner's exit, crash or a server restart, or once
+ * it let go of its advisory locks, nobody holds it.
  */
 static bool
 idem_owner_alive(const IdemRecord *rec)
 {
 	LOCKTAG		tag;
 
-	if (rec->owner_pid == MyProcPid && rec->owner_start == MyStartTimestamp)
+	if (idem_owner_is_me(rec))
 		return true;
+	if (rec->owner_pid == MyProcPid && rec->owner_start == idem_owner_since)
+		return false;			/* ours, and let go of */
 	idem_owner_locktag(&tag, rec->owner_pid, rec->owner_start);
 	if (idem_lock(&tag, ShareLock, true) == LOCKACQUIRE_NOT_AVAIL)
 		return true;
@@ -752,7 +825,7 @@ idem_new_claim(IdemClaim *claim, bool session_bound)
 	claim->claim.data[8] = (claim->claim.data[8] & 0x3f) | 0x80;
 	claim->session_bound = session_bound;
 	claim->owner_pid = MyProcPid;
-	claim->owner_start = MyStartTimestamp;
+	claim->owner_start = idem_owner_since;
 }
 
 /*
@@ -1237,8 +1310,12 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 			break;
 		}
 
-		/* Our own claim, from earlier in this transaction, still held */
-		if (TransactionIdIsCurrentTransactionId(rec.xmin))
+		/*
+		 * Our own claim, from earlier in this transaction or (session-bound)
+		 * of this session, still held: nothing to wait for.
+		 */
+		if (TransactionIdIsCurrentTransactionId(rec.xmin) ||
+			(!rec.owner_null && idem_owner_is_me(&rec)))
 		{
 			idem_unlock(&tag, ExclusiveLock);
 			xact_open = true;
@@ -1315,6 +1392,7 @@ idem_acquire(PG_FUNCTION_ARGS)
 Datum
 idem_acquire_1_1(PG_FUNCTION_ARGS)
 {
+	idem_check_nargs(fcinfo, 6);
 	return idem_acquire_common(fcinfo, IDEM_API_1_1);
 }
 
@@ -1412,6 +1490,7 @@ idem_complete(PG_FUNCTION_ARGS)
 Datum
 idem_complete_1_1(PG_FUNCTION_ARGS)
 {
+	idem_check_nargs(fcinfo, 6);
 	return idem_complete_common(fcinfo, IDEM_API_1_1);
 }
 
@@ -1478,6 +1557,7 @@ idem_release(PG_FUNCTION_ARGS)
 Datum
 idem_release_1_1(PG_FUNCTION_ARGS)
 {
+	idem_check_nargs(fcinfo, 4);
 	return idem_release_common(fcinfo, IDEM_API_1_1);
 }
 
@@ -1506,6 +1586,7 @@ idem_extend(PG_FUNCTION_ARGS)
 	TimestampTz now;
 	TimestampTz locked_until;
 
+	idem_check_nargs(fcinfo, 4);
 	key = idem_check_ident(fcinfo, 0, true);
 	scope = idem_check_ident(fcinfo, 1, false);
 	check_claim = idem_check_claim_arg(fcinfo, 2, &claim);

@@ -78,10 +78,12 @@ SELECT idempotency.idem_complete('c-4', 200, attempt => 2,
     claim => (SELECT claim FROM claims WHERE name = 't2'));
 
 -- retry_after: the rounded-up seconds left of the lease
-SELECT outcome FROM idempotency.idem_acquire('c-5', lease => '1.5 seconds');
-SELECT outcome, retry_after FROM idempotency.idem_acquire('c-5');	-- 1.5 s left: 2
-SELECT pg_sleep(0.7);
-SELECT outcome, retry_after FROM idempotency.idem_acquire('c-5');	-- 0.8 s left: 1
+-- (with most of a second to spare on a slow machine before either changes)
+SELECT outcome FROM idempotency.idem_acquire('c-5', lease => '60.9 seconds');
+SELECT outcome, retry_after FROM idempotency.idem_acquire('c-5');	-- 60.9 s left: 61
+UPDATE idempotency.records SET locked_until = clock_timestamp() + interval '5.9 seconds'
+ WHERE key = 'c-5';
+SELECT outcome, retry_after FROM idempotency.idem_acquire('c-5');	-- 5.9 s left: 6
 
 -- idem_extend: pushes locked_until out, capped at expires_at
 INSERT INTO claims SELECT 'e', claim FROM idempotency.idem_acquire('c-6', ttl => '1 minute', lease => '1 second');

@@ -1,7 +1,7 @@
 --
 -- 14_session_bound: session-bound claims (1.1) as one session sees them.
 -- Owners that die are in t/013_session_bound.pl; duplicates from another
--- session in specs/28_session_bound.spec.
+-- session in specs/27_fencing.spec.
 --
 SET idempotency.wait_timeout = 0;
 
@@ -72,6 +72,34 @@ SELECT 1 / 0;
 ROLLBACK;
 SELECT pg_catalog.count(*) AS owner_locks FROM pg_locks
  WHERE locktype = 'advisory' AND objsubid = 18757 AND pid = pg_backend_pid();
+
+
+-- Our own committed session-bound claim: in_progress at once, not after
+-- waiting out wait_timeout for a claim only we can finish
+SET idempotency.wait_timeout = '5s';
+SET statement_timeout = '2s';
+SELECT outcome, retry_after FROM idempotency.idem_acquire('s-5', session_bound => true);
+SELECT outcome, retry_after FROM idempotency.idem_acquire('s-5');
+SELECT outcome, retry_after FROM idempotency.idem_acquire('s-5', session_bound => true);
+RESET statement_timeout;
+SET idempotency.wait_timeout = 0;
+
+-- DISCARD ALL (what a session pooler runs before it hands the connection to
+-- the next client) ends the ownership: the departed client's claims are
+-- taken over, by this backend as by any other, and are not revived by the
+-- next client's session-bound claim, which begins a new ownership.
+SELECT outcome FROM idempotency.idem_acquire('s-6', session_bound => true);
+SELECT outcome FROM idempotency.idem_acquire('s-7', session_bound => true);
+DISCARD ALL;
+SET idempotency.wait_timeout = 0;
+SELECT outcome, attempt FROM idempotency.idem_acquire('s-6');
+SELECT outcome, attempt FROM idempotency.idem_acquire('s-8', session_bound => true);
+SELECT outcome, attempt FROM idempotency.idem_acquire('s-7');
+SELECT owner_start > (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())
+       AS new_ownership
+  FROM idempotency.records WHERE key = 's-8';
+-- and the new ownership's claims are ours
+SELECT outcome, retry_after FROM idempotency.idem_acquire('s-8');
 
 DELETE FROM idempotency.records;
 RESET idempotency.wait_timeout;

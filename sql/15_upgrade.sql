@@ -106,6 +106,15 @@ SELECT idempotency.idem_complete('u-app', 200);
 SELECT status, owner_pid FROM idempotency.idem_lookup('u-app');
 SELECT outcome FROM idempotency.idem_acquire('u-app-s', session_bound => true);
 RESET ROLE;
+-- Its grants are its own, not the extension's initial privileges: nothing
+-- of them is recorded as such (PostgreSQL 17 and later also record the
+-- roles of initial privileges in pg_shdepend, which would keep the role
+-- from being dropped).
+SELECT pg_catalog.count(*) AS init_priv_dependencies FROM pg_catalog.pg_shdepend
+ WHERE deptype = 'i' AND refobjid = 'regress_idem_upgrade_app'::regrole;
+SELECT pg_catalog.count(*) AS init_privs_naming_app
+  FROM pg_catalog.pg_init_privs i, LATERAL pg_catalog.aclexplode(i.initprivs) a
+ WHERE a.grantee = 'regress_idem_upgrade_app'::regrole;
 
 -- The objects now equal those of a fresh 1.1 install.
 CREATE TEMP VIEW ext_objects AS
