@@ -14,7 +14,10 @@
 #     not counted (a WARNING says so), until a counted database is dropped;
 #   - 8 concurrent consumers of one token, round after round: exactly one
 #     gets true, as a table the consumers write to shows; when the winner
-#     rolls back, exactly one other wins.
+#     rolls back, exactly one other wins;
+#   - fuzzed input to the token functions (the edge and random strings and
+#     intervals of t/lib/IdemFuzz.pm): each call succeeds or raises the
+#     contract's SQLSTATE, and a failing call writes nothing.
 
 use strict;
 use warnings;
@@ -22,6 +25,8 @@ use warnings;
 use FindBin;
 use lib "$FindBin::RealBin/lib";
 use IdemTest;
+use IdemFuzz;
+use Encode qw(encode_utf8);
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -248,6 +253,74 @@ is( $node->safe_psql('postgres', q{
 	SELECT count(*) FROM public.tok t JOIN idempotency.records r ON r.key = t.t AND r.is_token
 	 WHERE r.status = 'completed'}),
 	15, 'every token is consumed');
+
+# ------------------------------------------------------------------
+# Fuzzed input to the token functions
+srand($ENV{IDEM_FUZZ_SEED} // 20261130);
+my @idents = map { $_->[0] } IdemFuzz::edge_idents();
+push @idents, IdemFuzz::random_ident(300) for 1 .. 150;
+my @intervals = IdemFuzz::edge_intervals();
+push @intervals, IdemFuzz::random_interval() for 1 .. 50;
+my @cases;
+foreach my $i (0 .. $#idents)
+{
+	my $scope = $idents[ int(rand(@idents)) ];
+	my $iv = $intervals[ int(rand(@intervals)) ];
+	my @ttl = IdemFuzz::ttl_lease_errors($iv, [undef]);   # (error) or (ttl, lease)
+	my @issue_err = (IdemFuzz::ident_errors($scope, 0), @ttl == 1 ? @ttl : ());
+	@issue_err = ($iv->[3]) if defined $iv->[3];    # refused by interval input
+	push @cases, [ 'issue', $scope, $iv->[0], $issue_err[0] // 'ok' ];
+	my @consume_err = (IdemFuzz::ident_errors($idents[$i], 1), IdemFuzz::ident_errors($scope, 0));
+	push @cases, [ 'consume', $idents[$i], $scope, $consume_err[0] // 'false' ];
+}
+my $copy = $node->basedir . '/token_fuzz.copy';
+open my $cf, '>:raw', $copy or die $!;
+foreach my $c (@cases)
+{
+	print $cf encode_utf8(join("\t", map { IdemFuzz::copy_field($_) } @$c)), "\n";
+}
+close $cf;
+$node->safe_psql('postgres', qq{
+CREATE TABLE public.token_fuzz (id serial, fn text, a text, b text, expected text, got text);
+COPY public.token_fuzz (fn, a, b, expected) FROM '$copy';
+DO \$\$
+DECLARE
+    c record;
+    before text;
+    result text;
+BEGIN
+    FOR c IN SELECT * FROM public.token_fuzz ORDER BY id LOOP
+        SELECT count(*) || md5(string_agg(r::text, '|' ORDER BY r::text)) INTO before
+          FROM idempotency.records r;
+        BEGIN
+            IF c.fn = 'issue' THEN
+                result := CASE WHEN idempotency.idem_token_issue(c.a, c.b::interval) ~ '^[A-Za-z0-9_-]{32}\$'
+                               THEN 'ok' ELSE 'bad token' END;
+            ELSE
+                result := idempotency.idem_token_consume(c.a, c.b)::text;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            result := SQLSTATE;
+            IF (SELECT count(*) || md5(string_agg(r::text, '|' ORDER BY r::text))
+                  FROM idempotency.records r) IS DISTINCT FROM before THEN
+                result := result || ' and wrote';
+            END IF;
+        END;
+        UPDATE public.token_fuzz SET got = result WHERE id = c.id;
+    END LOOP;
+END
+\$\$;
+});
+my $wrong = $node->safe_psql('postgres', q{
+	SELECT count(*) FROM public.token_fuzz WHERE got IS DISTINCT FROM expected});
+is($wrong, 0, scalar(@cases) . ' fuzzed calls of the token functions answered as the contract says')
+  or diag($node->safe_psql('postgres', q{
+	SELECT fn, left(a, 40), left(b, 40), expected, got FROM public.token_fuzz
+	 WHERE got IS DISTINCT FROM expected LIMIT 10}));
+is( $node->safe_psql('postgres', q{
+	SELECT count(DISTINCT expected) FROM public.token_fuzz
+	 WHERE expected IN ('ok', 'false', '22004', '22023')}),
+	4, 'with outcomes of every kind (ok, false, 22004, 22023)');
 
 $node->stop;
 done_testing();
