@@ -46,7 +46,7 @@ REV=${1:-HEAD} PORT=${2:-55412}
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=bench/private_pg.sh
 source "$BENCH_DIR/private_pg.sh"
-W=/tmp/idem-stale/$(tr -c 'A-Za-z0-9._-\n' _ <<<"$REV")
+W=/tmp/idem-stale/$(tr -c 'A-Za-z0-9._\n-' _ <<<"$REV")
 P=$W/pg BIN=$W/pg/lib/postgresql/15/bin D=$W/data
 REQ='{"amount_cents": 2000, "currency": "EUR", "order": "A-1001"}'
 RESP='{"payment_id": 7, "status": "succeeded", "amount_cents": 2000}'
@@ -80,7 +80,7 @@ cleanup() {
 	rm -rf "$W"
 }
 trap cleanup EXIT
-as_pg "$BIN/pg_ctl" -D "$D" -l "$W/server.log" -w start >/dev/null
+as_pg "$BIN/pg_ctl" -D "$D" -l "$D/server.log" -w start >/dev/null
 q() { "$BIN/psql" -X -q -A -t -v ON_ERROR_STOP=1 -c "$1"; }
 "$BIN/createdb" stale
 q 'CREATE EXTENSION idempotency'
@@ -131,7 +131,7 @@ MEDIAN=$(awk '{print $2}' <<<"$MS")
 REASONS=$(q "SELECT string_agg(reason || ' ' || n, ', ') FROM (SELECT reason, count(*) n
 	FROM idempotency.stale_claims GROUP BY reason ORDER BY reason) s")
 EXPLAIN=$(q 'EXPLAIN (ANALYZE, BUFFERS) SELECT count(*) FROM idempotency.stale_claims')
-INDEXES=$(q "SELECT DISTINCT regexp_replace(indexdef, '^CREATE (UNIQUE )?INDEX \S+ ON \S+', '<partition>')
+INDEXES=$(q "SELECT DISTINCT regexp_replace(indexdef, '^CREATE (UNIQUE )?INDEX \S+ ON (ONLY )?\S+', '<partition>')
 	FROM pg_indexes WHERE schemaname = 'idempotency' AND tablename LIKE 'records%'")
 
 hot() {
