@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
 # bench/compare.sh -- A/B benchmark of two git revisions of the extension,
-# on this machine, on one throwaway cluster
+# or of one revision without and with its statistics, on this machine, on
+# one throwaway cluster
 #
-# Builds REV_A and REV_B from `git archive` copies in a temporary folder,
-# starts a cluster of its own (scripts/common.sh) with the settings of
-# bench/run.sh, and then, for each of --rounds rounds, runs both revisions
-# one after the other, in alternating order (A,B then B,A ...) so that a
-# drift of the machine's load does not always favour the same one.  For each
-# revision in a round it
+#   bash bench/compare.sh [options] REV_A REV_B   A = REV_A, B = REV_B
+#   bash bench/compare.sh --stats [options] REV   A = REV with
+#       shared_preload_libraries = 'pg_cron' (the extension counts nothing),
+#       B = the same build with 'pg_cron,idempotency' (statistics kept)
 #
-#   - installs that revision's build into PostgreSQL 15 (make install) and
-#     checks that the installed .so and SQL script are that build's,
-#   - restarts the cluster, so that new backends load the new .so,
+# Builds the revisions from `git archive` copies and installs each into a
+# private copy of the host's PostgreSQL 15 (bench/private_pg.sh, in a
+# temporary folder: the host's installation is not touched, so no lock is
+# needed and other runs may go on), starts a cluster of its own
+# (scripts/common.sh) with the settings of bench/run.sh, and then, for each
+# of --rounds rounds, runs both sides one after the other, in alternating
+# order (A,B then B,A ...) so that a drift of the machine's load does not
+# always favour the same one.  For each side in a round it
+#
+#   - checks that the side's installed .so and SQL script are its build's,
+#   - restarts the cluster with the side's binaries and
+#     shared_preload_libraries (both sides preload 'pg_cron,idempotency',
+#     as scripts/common.sh does, unless --stats), so that new backends load
+#     the side's .so, and checks with idem_stats_enabled() (1.1) that the
+#     statistics are kept where they should be and only there,
 #   - creates fresh databases with CREATE EXTENSION (so that revision's SQL
 #     script applies): cmp_daily (default idempotency.partition_interval,
 #     1 day) with --replay-records completed records (bench/load_records.sql,
@@ -20,8 +31,9 @@
 #     default max_ttl of 7 days that is about 170 partitions),
 #   - counts the relation locks a transaction holds at its business INSERT
 #     (after idem_acquire of a new key), and how many are fast-path,
-#   - runs the cases, `pgbench -n -M prepared -h 127.0.0.1 -c C -j min(C,2)
-#     -T S -l`, with a CHECKPOINT before each:
+#   - runs the cases (--cases), `pgbench -n -M prepared -h 127.0.0.1 -c C
+#     -j min(C,2) -T S -l`, at each client count of --clients, with a
+#     CHECKPOINT before each:
 #
 #   ext_new         cmp_daily: BEGIN; idem_acquire new key; idem_complete; COMMIT
 #   ext_new_biz_1d  cmp_daily: BEGIN; idem_acquire new key; INSERT INTO
@@ -42,17 +54,17 @@
 # and written to bench/results/compare-<UTC time>.md.  Exit status 1 if any
 # check failed.
 #
-#   bash bench/compare.sh [--rounds N] [--duration S] [--clients C]
-#                         [--replay-records N] REV_A REV_B
+#   bash bench/compare.sh [--stats] [--rounds N] [--duration S]
+#                         [--clients C[,C...]] [--cases CASE[,CASE...]]
+#                         [--replay-records N] REV_A REV_B | REV
 #
-# Defaults: 5 rounds, 10 s a case, 8 clients, 200,000 replay records; about
-# 45 s a revision a round (4 cases of 10 s, install, restart, set-up), so
-# 8 minutes, plus any wait for the lock below.
-#
-# Installing into the host's PostgreSQL 15 would break other runs that use
-# it meanwhile: the script holds an flock on /tmp/idem-pg15.lock (IDEM_LOCK)
-# from the first `make install` to its exit, and waits for it if another
-# run has it.  It leaves the last revision it ran installed.
+# Defaults: 5 rounds, 10 s a case, 200,000 replay records; two revisions:
+# all four cases at 8 clients, about 45 s a side a round (4 cases of 10 s,
+# restart, set-up), so 8 minutes; --stats: ext_new and ext_replay at 2 and
+# at 8 clients, about 50 s a side a round, 9 minutes.  Per-round ratios on
+# this 2-CPU machine move by several per cent: a difference of 2 % needs
+# more rounds than the default, or instruction counts (bench/callgrind.sh
+# --stats both).
 #
 # as root on Debian 12.
 set -euo pipefail
@@ -63,13 +75,13 @@ source "$BENCH_DIR/../scripts/common.sh"
 
 ROUNDS=5
 DURATION=10
-CLIENTS=8
+CLIENTS=
+CASE_LIST=
+STATS_MODE=0
 REPLAY_RECORDS=200000
-LOCK_FILE=${IDEM_LOCK:-/tmp/idem-pg15.lock}
 REQ='{"amount_cents": 2000, "currency": "EUR", "order": "A-1001"}'
 RESP='{"payment_id": 7, "status": "succeeded", "amount_cents": 2000}'
-# the cases in the order they run, with the database each uses
-CASES=(ext_new ext_new_biz_1d ext_new_biz_1h ext_replay)
+ALL_CASES=(ext_new ext_new_biz_1d ext_new_biz_1h ext_replay)
 
 usage() {
 	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
@@ -83,27 +95,56 @@ while (($#)); do
 	--rounds) ROUNDS=${2:?}; shift 2 ;;
 	--duration) DURATION=${2:?}; shift 2 ;;
 	--clients) CLIENTS=${2:?}; shift 2 ;;
+	--cases) CASE_LIST=${2:?}; shift 2 ;;
+	--stats) STATS_MODE=1; shift ;;
 	--replay-records) REPLAY_RECORDS=${2:?}; shift 2 ;;
 	-h | --help) usage 0 ;;
 	-*) echo "unknown option: $1" >&2; usage 2 ;;
 	*) REVS+=("$1"); shift ;;
 	esac
 done
-((${#REVS[@]} == 2)) || { echo "two revisions, please: REV_A REV_B" >&2; usage 2; }
+if ((STATS_MODE)); then
+	((${#REVS[@]} == 1)) || { echo "--stats takes one revision" >&2; usage 2; }
+	REVS+=("${REVS[0]}")
+	: "${CLIENTS:=2,8}" "${CASE_LIST:=ext_new,ext_replay}"
+else
+	((${#REVS[@]} == 2)) || { echo "two revisions, please: REV_A REV_B" >&2; usage 2; }
+	: "${CLIENTS:=8}" "${CASE_LIST:=${ALL_CASES[*]}}"
+fi
 [[ $ROUNDS =~ ^[0-9]+$ && $ROUNDS -ge 1 ]] || die "--rounds takes a positive number"
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 ]] || die "--duration takes whole seconds"
-[[ $CLIENTS =~ ^[0-9]+$ && $CLIENTS -ge 1 ]] || die "--clients takes a positive number"
+[[ $CLIENTS =~ ^[0-9]+(,[0-9]+)*$ && ! ,$CLIENTS, =~ ,0, ]] || die "--clients takes positive numbers, comma-separated"
 [[ $REPLAY_RECORDS =~ ^[0-9]+$ && $REPLAY_RECORDS -ge 1 ]] || die "--replay-records takes a positive number"
-JOBS=$((CLIENTS < 2 ? CLIENTS : 2))
+IFS=', ' read -r -a CLIENT_COUNTS <<<"$CLIENTS"
+IFS=', ' read -r -a CASE_NAMES <<<"$CASE_LIST"
+for c in "${CASE_NAMES[@]}"; do
+	[[ " ${ALL_CASES[*]} " == *" $c "* ]] || die "unknown case: $c (the cases: ${ALL_CASES[*]})"
+done
+# the runs of a side, in order: CASE@CLIENTS
+CASES=()
+for n in "${CLIENT_COUNTS[@]}"; do
+	for c in "${ALL_CASES[@]}"; do
+		[[ " ${CASE_NAMES[*]} " == *" $c "* ]] && CASES+=("$c@$n")
+	done
+done
+NEED_HOURLY=0
+[[ " ${CASE_NAMES[*]} " == *" ext_new_biz_1h "* ]] && NEED_HOURLY=1
 
-# Both revisions as commits of this repository (any checkout of it).
-declare -A SHA DESC
+# Both revisions as commits of this repository (any checkout of it); with
+# --stats the same one twice, which differ in what they preload.
+declare -A SHA DESC PRELOAD
 for i in 0 1; do
 	side=$([[ $i == 0 ]] && echo A || echo B)
 	SHA[$side]=$(git -C "$REPO_ROOT" rev-parse --verify --quiet "${REVS[$i]}^{commit}") ||
 		die "not a revision of this repository: ${REVS[$i]}"
 	DESC[$side]=$(git -C "$REPO_ROOT" log --oneline --no-decorate -1 "${SHA[$side]}")
+	PRELOAD[$side]='pg_cron,idempotency'
 done
+if ((STATS_MODE)); then
+	PRELOAD[A]='pg_cron'
+	DESC[A]="${DESC[A]} — statistics off (shared_preload_libraries = 'pg_cron')"
+	DESC[B]="${DESC[B]} — statistics on (shared_preload_libraries = 'pg_cron,idempotency')"
+fi
 
 RESULTS_DIR=$BENCH_DIR/results
 mkdir -p "$RESULTS_DIR"
@@ -115,17 +156,56 @@ BENCH_HEAD=$(git -C "$REPO_ROOT" log --oneline --no-decorate -1 2>/dev/null || e
 
 IDEM_QUIET=1
 install_deps
-# The cluster starts before the lock is taken, so that the postmaster does
-# not inherit the lock's descriptor (restarts below close it explicitly).
+# shellcheck source=bench/private_pg.sh
+source "$BENCH_DIR/private_pg.sh"
+
+# The private PostgreSQL copies and builds live outside the cluster's folder
+# (they exist before it); removed at exit, before scripts/common.sh's own
+# clean-up.
+PRIV=$(mktemp -d /tmp/idem-compare.XXXXXX)
+chmod 755 "$PRIV"
+_compare_on_exit() {
+	local status=$?
+	rm -rf "$PRIV"
+	(exit "$status")
+	_idem_on_exit
+}
+trap 'rm -rf "$PRIV"' EXIT
+
+# ---------------------------------------------------------------------------
+# build both sides: a private PostgreSQL 15 each (one for --stats), the
+# revision's `git archive` copy built and installed into it
+# ---------------------------------------------------------------------------
+declare -A PREFIX
+for side in A B; do
+	if ((STATS_MODE)) && [[ $side == B ]]; then
+		PREFIX[B]=${PREFIX[A]}
+		continue
+	fi
+	PREFIX[$side]=$PRIV/pg-$side
+	log "building $side: ${DESC[$side]}"
+	private_pg_make "${PREFIX[$side]}"
+	mkdir -p "$PRIV/src-$side"
+	git -C "$REPO_ROOT" archive --format=tar "${SHA[$side]}" | tar -x -C "$PRIV/src-$side"
+	run_step "make install ($side)" private_pg_install "${PREFIX[$side]}" "$PRIV/src-$side"
+done
+((STATS_MODE)) && ln -s "$PRIV/src-A" "$PRIV/src-B"
+side_bindir() { echo "${PREFIX[$1]}/lib/postgresql/15/bin"; }
+
+# The cluster runs A's binaries first (scripts/common.sh takes PG_BINDIR);
+# every side's turn restarts it with that side's.
+PG_BINDIR=$(side_bindir A)
+PG_CONFIG=$PG_BINDIR/pg_config
 # shellcheck disable=SC2119
 start_cluster
-PKGLIBDIR=$("$PG_CONFIG" --pkglibdir)
-SHAREDIR=$("$PG_CONFIG" --sharedir)
+# start_cluster set its own exit trap; this one runs it after removing $PRIV
+trap _compare_on_exit EXIT
 
 # bench/run.sh's benchmark settings; the first install's restart applies them
 as_postgres tee -a "$IDEM_PGDATA/postgresql.conf" >/dev/null <<EOF
 
 # bench/compare.sh (as bench/run.sh)
+include_if_exists = 'compare_side.conf'
 shared_buffers = 1GB
 synchronous_commit = off
 fsync = on
@@ -148,41 +228,24 @@ LOCKS=$WORK/locks.tsv
 : >"$LOCKS"
 PROBLEMS=()
 
-# ---------------------------------------------------------------------------
-# build both revisions (no lock needed: nothing is installed yet)
-# ---------------------------------------------------------------------------
-for side in A B; do
-	src=$WORK/src-$side
-	mkdir -p "$src"
-	log "building $side: ${DESC[$side]}"
-	git -C "$REPO_ROOT" archive --format=tar "${SHA[$side]}" | tar -x -C "$src"
-	run_step "make ($side)" make -C "$src" PG_CONFIG="$PG_CONFIG"
-done
-
-# ---------------------------------------------------------------------------
-# the lock on the host's PostgreSQL 15 installation, held to the end
-# ---------------------------------------------------------------------------
-t_lock=$EPOCHREALTIME
-exec 9>"$LOCK_FILE"
-if ! flock -n 9; then
-	log "waiting for $LOCK_FILE (another run is using the installed extension)"
-	flock 9
-fi
-LOCK_WAIT=$(awk "BEGIN{printf \"%.0f\", $EPOCHREALTIME - $t_lock}")
-log "holding $LOCK_FILE (waited ${LOCK_WAIT}s)"
-
 psql_on() {
 	local db=$1
 	shift
 	"$PG_BINDIR/psql" -X -q -A -t -v ON_ERROR_STOP=1 -h 127.0.0.1 -d "$db" "$@"
 }
 
-# installed_is SIDE: true if the installed .so and SQL script are SIDE's
-# build (another run that ignores the lock would show here).
+# installed_is SIDE: true if the .so and SQL script in SIDE's private
+# PostgreSQL are SIDE's build.
 installed_is() {
-	local src=$WORK/src-$1
-	cmp -s "$src/idempotency.so" "$PKGLIBDIR/idempotency.so" &&
-		cmp -s "$src/idempotency--1.0.sql" "$SHAREDIR/extension/idempotency--1.0.sql"
+	local src=$PRIV/src-$1 prefix=${PREFIX[$1]}
+	cmp -s "$src/idempotency.so" "$prefix/lib/postgresql/15/lib/idempotency.so" &&
+		cmp -s "$src/idempotency--1.0.sql" "$prefix/share/postgresql/15/extension/idempotency--1.0.sql"
+}
+
+# stats_state DB: what the extension in DB says of its statistics
+stats_state() {
+	psql_on "$1" -c "SELECT CASE WHEN to_regprocedure('idempotency.idem_stats_enabled()') IS NULL
+		THEN 'none' WHEN idempotency.idem_stats_enabled() THEN 'on' ELSE 'off' END"
 }
 
 # counts DB: "records|completed records|orders"
@@ -218,19 +281,21 @@ lock_census() {
 	EOF
 }
 
-# run_case SIDE ROUND CASE DB [pgbench -D assignments...]
-# Appends to $RESULTS: side round case tps p99_us tx failed check note
+# run_case SIDE ROUND CASE@CLIENTS DB [pgbench -D assignments...]
+# Appends to $RESULTS: side round case@clients tps p99_us tx failed check note
 run_case() {
-	local side=$1 round=$2 case=$3 db=$4
+	local side=$1 round=$2 run=$3 db=$4
 	shift 4
-	local label=r$round-$side-$case script out rc=0 tps tx failed p99 nlog
-	local before after check=ok note=""
+	local case=${run%@*} clients=${run##*@}
+	local label=r$round-$side-$case-c$clients script out rc=0 tps tx failed p99 nlog
+	local before after check=ok note="" jobs
+	jobs=$((clients < 2 ? clients : 2))
 	script=${case%_1[dh]}
 	out=$WORK/log/$label.out
 
 	psql_on "$db" -c "CHECKPOINT"
 	before=$(counts "$db")
-	"$PG_BINDIR/pgbench" -n -M prepared -h 127.0.0.1 -c "$CLIENTS" -j "$JOBS" -T "$DURATION" \
+	"$PG_BINDIR/pgbench" -n -M prepared -h 127.0.0.1 -c "$clients" -j "$jobs" -T "$DURATION" \
 		-l --log-prefix="$WORK/log/$label" \
 		-D n=0 -D "kp=$label-" -D "req=$REQ" -D "resp=$RESP" "$@" \
 		-f "$BENCH_DIR/cases/$script.pgbench" "$db" >"$out" 2>&1 || rc=$?
@@ -283,53 +348,75 @@ run_case() {
 		;;
 	esac
 	note=${note# }
-	[[ $check == ok ]] || PROBLEMS+=("round $round, $side, $case: $note")
+	[[ $check == ok ]] || PROBLEMS+=("round $round, $side, $case, $clients clients: $note")
 	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
-		"$side" "$round" "$case" "$tps" "$p99" "$tx" "$failed" "$check" "$note" >>"$RESULTS"
-	printf '    %-15s %6.0f tps  p99 %6.3f ms  %s\n' "$case" "$tps" \
+		"$side" "$round" "$run" "$tps" "$p99" "$tx" "$failed" "$check" "$note" >>"$RESULTS"
+	printf '    %-18s %6.0f tps  p99 %6.3f ms  %s\n' "$run" "$tps" \
 		"$(awk "BEGIN{print $p99/1000}")" "$check${note:+ ($note)}"
 }
 
 # run_side SIDE ROUND: install SIDE's build, restart, set up, run the cases.
 run_side() {
 	local side=$1 round=$2 db census parts
+	local dbs=(cmp_daily) run state want
+	((NEED_HOURLY)) && dbs+=(cmp_hourly)
 	log "round $round/$ROUNDS, $side (${DESC[$side]})"
-	run_step "make install ($side)" make -C "$WORK/src-$side" PG_CONFIG="$PG_CONFIG" install
-	installed_is "$side" || die "the installed extension is not $side's build after make install"
-	# 9>&-: the server must not hold the lock after this script is gone
+	installed_is "$side" || die "the extension in $side's private PostgreSQL is not $side's build"
+	PG_BINDIR=$(side_bindir "$side")
+	echo "shared_preload_libraries = '${PRELOAD[$side]}'" |
+		as_postgres tee "$IDEM_PGDATA/compare_side.conf" >/dev/null
+	# -p: pg_ctl restart would otherwise start the binary of the last start
 	as_postgres "$PG_BINDIR/pg_ctl" restart -D "$IDEM_PGDATA" -m fast -w -t 120 \
-		-l "$IDEM_SERVER_LOG" >/dev/null 9>&- || die "the server did not restart"
+		-p "$PG_BINDIR/postgres" -l "$IDEM_SERVER_LOG" >/dev/null || die "the server did not restart"
 
 	psql_on postgres <<-'EOF'
 		SET client_min_messages = warning;
 		DROP DATABASE IF EXISTS cmp_daily;
 		DROP DATABASE IF EXISTS cmp_hourly;
-		CREATE DATABASE cmp_daily;
-		CREATE DATABASE cmp_hourly;
-		ALTER DATABASE cmp_hourly SET idempotency.partition_interval = '1h';
 	EOF
-	for db in cmp_daily cmp_hourly; do
+	for db in "${dbs[@]}"; do
+		psql_on postgres -c "CREATE DATABASE $db"
+	done
+	((NEED_HOURLY)) && psql_on postgres -c "ALTER DATABASE cmp_hourly SET idempotency.partition_interval = '1h'"
+	for db in "${dbs[@]}"; do
 		psql_on "$db" -f "$BENCH_DIR/compare_setup.sql"
 	done
 	psql_on cmp_daily -v from=1 -v to="$REPLAY_RECORDS" -v req="$REQ" -v resp="$RESP" \
 		-v spread='1 day' -f "$BENCH_DIR/load_records.sql"
 	psql_on cmp_daily -c "VACUUM ANALYZE idempotency.records"
 
-	for db in cmp_daily cmp_hourly; do
+	# the server must run this side's build, and keep statistics only where
+	# this side says so
+	if [[ $(psql_on postgres -c "SHOW shared_preload_libraries") != "${PRELOAD[$side]}" ]]; then
+		die "round $round, $side: the server did not take shared_preload_libraries = '${PRELOAD[$side]}'"
+	fi
+	state=$(stats_state cmp_daily)
+	if ((STATS_MODE)); then
+		want=$([[ $side == A ]] && echo off || echo on)
+		[[ $state == "$want" ]] || die "round $round, $side: statistics $state, expected $want"
+	fi
+	STATS_SEEN[$side]=$state
+
+	for db in "${dbs[@]}"; do
 		parts=$(psql_on "$db" -c "SELECT count(*) FROM idempotency.partitions WHERE NOT is_default")
 		census=$(lock_census "$db")
 		printf '%s\t%s\t%s\t%s\t%s\n' "$side" "$round" "$db" "$parts" "${census//|/$'\t'}" >>"$LOCKS"
 	done
 
-	run_case "$side" "$round" ext_new cmp_daily
-	run_case "$side" "$round" ext_new_biz_1d cmp_daily
-	run_case "$side" "$round" ext_new_biz_1h cmp_hourly
-	run_case "$side" "$round" ext_replay cmp_daily -D rp=m -D "nrep=$REPLAY_RECORDS"
+	for run in "${CASES[@]}"; do
+		case ${run%@*} in
+		ext_new | ext_new_biz_1d) run_case "$side" "$round" "$run" cmp_daily ;;
+		ext_new_biz_1h) run_case "$side" "$round" "$run" cmp_hourly ;;
+		ext_replay) run_case "$side" "$round" "$run" cmp_daily -D rp=m -D "nrep=$REPLAY_RECORDS" ;;
+		esac
+	done
 
 	if ! installed_is "$side"; then
-		PROBLEMS+=("round $round, $side: the installed extension changed during the cases (another run ignoring $LOCK_FILE?)")
+		PROBLEMS+=("round $round, $side: the extension in the private PostgreSQL changed during the cases")
 	fi
 }
+
+declare -A STATS_SEEN
 
 ORDERS=()
 for round in $(seq 1 "$ROUNDS"); do
@@ -353,19 +440,23 @@ MEM_TOTAL=$(awk '/^MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)
 # the report
 # ---------------------------------------------------------------------------
 report() {
-	echo "# A/B: ${SHA[A]:0:7} → ${SHA[B]:0:7}"
+	if ((STATS_MODE)); then
+		echo "# A/B: statistics off → on, ${SHA[A]:0:7}"
+	else
+		echo "# A/B: ${SHA[A]:0:7} → ${SHA[B]:0:7}"
+	fi
 	echo
-	echo "- A: \`${DESC[A]}\`"
-	echo "- B: \`${DESC[B]}\`"
-	echo "- date: $STAMP; command: \`$COMMAND\`; run time ${RUN_SECS}s (waited ${LOCK_WAIT}s for $LOCK_FILE)"
+	echo "- A: \`${DESC[A]}\`; shared_preload_libraries = '${PRELOAD[A]}', statistics (idem_stats_enabled): ${STATS_SEEN[A]}"
+	echo "- B: \`${DESC[B]}\`; shared_preload_libraries = '${PRELOAD[B]}', statistics (idem_stats_enabled): ${STATS_SEEN[B]}"
+	echo "- date: $STAMP; command: \`$COMMAND\`; run time ${RUN_SECS}s"
 	echo "- bench files from \`$BENCH_HEAD\`"
 	echo "- machine: $(nproc) CPUs ($CPU_MODEL), $MEM_TOTAL memory, $(uname -r);" \
 		"load average (1, 5, 15 min) before: $LOAD_START, after: $LOAD_END"
 	echo "- PostgreSQL: $PG_VERSION"
-	echo "- pgbench: \`pgbench -n -M prepared -h 127.0.0.1 -c $CLIENTS -j $JOBS -T $DURATION -l\`; p99 from the per-transaction log (every transaction)"
-	echo "- server: $SETTINGS; CHECKPOINT before every case; restarted after every install"
+	echo "- pgbench: \`pgbench -n -M prepared -h 127.0.0.1 -c C -j min(C,2) -T $DURATION -l\`, C = ${CLIENT_COUNTS[*]}; p99 from the per-transaction log (every transaction)"
+	echo "- server: $SETTINGS; CHECKPOINT before every case; restarted with the side's binaries (a private copy of PostgreSQL 15 each) and preload at every turn"
 	echo "- $ROUNDS rounds, order per round: ${ORDERS[*]}; fresh databases each time (cmp_daily: 1 d partitions," \
-		"$REPLAY_RECORDS completed records expiring over the next day; cmp_hourly: 1 h partitions)"
+		"$REPLAY_RECORDS completed records expiring over the next day$( ((NEED_HOURLY)) && echo "; cmp_hourly: 1 h partitions" || true))"
 	echo
 	echo "## Medians over the rounds"
 	echo
@@ -383,19 +474,21 @@ report() {
 		}
 		{ tps[$1, $3, $2] = $4; p99[$1, $3, $2] = $5; if ($2 > rounds) rounds = $2 }
 		END {
-			print "| case | A TPS | B TPS | B/A TPS | B/A per round: median (min–max) | A p99 ms | B p99 ms | B/A p99 |"
-			print "|---|---:|---:|---:|---:|---:|---:|---:|"
+			print "| case | clients | A TPS | B TPS | B/A TPS | B/A per round: median (min–max) | rounds B faster | A p99 ms | B p99 ms | B/A p99 |"
+			print "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 			nc = split(cases, cs, " ")
 			for (k = 1; k <= nc; k++) {
-				c = cs[k]; ta = tb = pa = pb = rr = ""
+				c = cs[k]; ta = tb = pa = pb = rr = ""; faster = 0
 				for (r = 1; r <= rounds; r++) {
 					ta = ta " " tps["A", c, r]; tb = tb " " tps["B", c, r]
 					pa = pa " " p99["A", c, r]; pb = pb " " p99["B", c, r]
 					if (tps["A", c, r] > 0) rr = rr " " tps["B", c, r] / tps["A", c, r]
+					if (tps["B", c, r] > tps["A", c, r]) faster++
 				}
 				mta = median(ta); mtb = median(tb); mpa = median(pa); mpb = median(pb)
-				printf "| %s | %.0f | %.0f | %.3f | %.3f (%s) | %.3f | %.3f | %.3f |\n", c, mta, mtb,
-					(mta > 0 ? mtb / mta : 0), median(rr), minmax(rr), mpa / 1000, mpb / 1000,
+				split(c, cc, "@")
+				printf "| %s | %s | %.0f | %.0f | %.3f | %.3f (%s) | %d of %d | %.3f | %.3f | %.3f |\n", cc[1], cc[2], mta, mtb,
+					(mta > 0 ? mtb / mta : 0), median(rr), minmax(rr), faster, rounds, mpa / 1000, mpb / 1000,
 					(mpa > 0 ? mpb / mpa : 0)
 			}
 		}' "$RESULTS"
@@ -407,8 +500,8 @@ report() {
 	awk -F'\t' -v cases="${CASES[*]}" '
 		{ tps[$1, $3, $2] = $4; p99[$1, $3, $2] = $5; if ($2 > rounds) rounds = $2 }
 		END {
-			print "| case | A TPS per round | B TPS per round | B/A per round | A p99 ms per round | B p99 ms per round |"
-			print "|---|---|---|---|---|---|"
+			print "| case | clients | A TPS per round | B TPS per round | B/A per round | A p99 ms per round | B p99 ms per round |"
+			print "|---|---:|---|---|---|---|---|"
 			nc = split(cases, cs, " ")
 			for (k = 1; k <= nc; k++) {
 				c = cs[k]; ta = tb = rr = pa = pb = ""
@@ -418,7 +511,8 @@ report() {
 					rr = rr sep sprintf("%.2f", tps["A", c, r] > 0 ? tps["B", c, r] / tps["A", c, r] : 0)
 					pa = pa sep sprintf("%.2f", p99["A", c, r] / 1000); pb = pb sep sprintf("%.2f", p99["B", c, r] / 1000)
 				}
-				printf "| %s | %s | %s | %s | %s | %s |\n", c, ta, tb, rr, pa, pb
+				split(c, cc, "@")
+				printf "| %s | %s | %s | %s | %s | %s | %s |\n", cc[1], cc[2], ta, tb, rr, pa, pb
 			}
 		}' "$RESULTS"
 	echo
@@ -448,7 +542,8 @@ report() {
 		n=$(wc -l <"$RESULTS")
 		echo "All $n runs passed: no failed or aborted transaction, a log line per transaction, one completed" \
 			"record (and for ext_new_biz one order) per new-key transaction, no record added by ext_replay," \
-			"and the installed .so and SQL script were the revision's own before and after its cases."
+			"the installed .so and SQL script were the side's own before and after its cases," \
+			"and the server ran with the side's shared_preload_libraries$( ((STATS_MODE)) && echo " (statistics off in every A turn, on in every B turn, by idem_stats_enabled())" || true)."
 	fi
 }
 

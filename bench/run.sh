@@ -28,7 +28,15 @@
 # (and bench/results/run-<UTC time>.md).  Exit status 1 if any check failed.
 #
 #   bash bench/run.sh [--duration S] [--sync on|off] [--records N]
-#                     [--memory-calls N] [--hot-n N] [--spread INTERVAL] [--perf]
+#                     [--memory-calls N] [--hot-n N] [--spread INTERVAL]
+#                     [--stats on|off] [--perf]
+#
+# --stats: on (the default) runs with shared_preload_libraries =
+# 'pg_cron,idempotency', as scripts/common.sh starts its clusters, so the
+# extension keeps its statistics (version 1.1); off preloads only pg_cron,
+# so the same build counts nothing.  The report's header says which, as
+# idem_stats_enabled() answered.  To measure what the statistics cost,
+# compare the two in interleaved rounds: bench/compare.sh --stats REV.
 #
 # --spread: the prefilled records expire evenly over this window from now.
 # The default, '1 day', is records claimed over the last day with the
@@ -51,6 +59,7 @@ REPLAY_RECORDS=200000
 MEMORY_CALLS=1000000
 HOT_N=20
 SPREAD='1 day'
+STATS=on
 PERF=0
 CLIENT_COUNTS=(2 8)
 DB=idem_bench
@@ -71,12 +80,14 @@ while (($#)); do
 	--memory-calls) MEMORY_CALLS=${2:?}; shift 2 ;;
 	--hot-n) HOT_N=${2:?}; shift 2 ;;
 	--spread) SPREAD=${2:?}; shift 2 ;;
+	--stats) STATS=${2:?}; shift 2 ;;
 	--perf) PERF=1; shift ;;
 	-h | --help) usage 0 ;;
 	*) echo "unknown option: $1" >&2; usage 2 ;;
 	esac
 done
 [[ $SYNC == on || $SYNC == off ]] || die "--sync takes on or off"
+[[ $STATS == on || $STATS == off ]] || die "--stats takes on or off"
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 ]] || die "--duration takes whole seconds"
 [[ $BIG_RECORDS =~ ^[0-9]+$ && $BIG_RECORDS -ge $SMALL_RECORDS ]] ||
 	die "--records takes a number of at least $SMALL_RECORDS"
@@ -101,10 +112,12 @@ build_install
 # shellcheck disable=SC2119
 start_cluster
 
-log "benchmark settings (synchronous_commit = $SYNC), restarting"
+if [[ $STATS == on ]]; then PRELOAD='pg_cron,idempotency'; else PRELOAD='pg_cron'; fi
+log "benchmark settings (synchronous_commit = $SYNC, shared_preload_libraries = '$PRELOAD'), restarting"
 as_postgres tee -a "$IDEM_PGDATA/postgresql.conf" >/dev/null <<EOF
 
 # bench/run.sh
+shared_preload_libraries = '$PRELOAD'
 shared_buffers = 1GB
 synchronous_commit = $SYNC
 fsync = on
@@ -132,6 +145,13 @@ q() { psql_db -c "$1"; }
 
 log "setup: tables, PL/pgSQL version, $REPLAY_RECORDS completed records in each replay table"
 psql_db -v req="$REQ" -v resp="$RESP" -v nrep="$REPLAY_RECORDS" -v spread="$SPREAD" -f "$BENCH_DIR/setup.sql" >/dev/null
+# what the extension says (1.0 has no statistics at all)
+STATS_ENABLED=$(q "SELECT CASE WHEN to_regprocedure('idempotency.idem_stats_enabled()') IS NULL
+	THEN 'no statistics in this version' WHEN idempotency.idem_stats_enabled() THEN 'enabled' ELSE 'not enabled' END")
+if [[ $STATS == on && $STATS_ENABLED == 'not enabled' ]] || [[ $STATS == off && $STATS_ENABLED == enabled ]]; then
+	die "--stats $STATS, but idem_stats_enabled() says: $STATS_ENABLED"
+fi
+log "statistics: $STATS_ENABLED"
 
 # ---------------------------------------------------------------------------
 # one case
@@ -415,6 +435,7 @@ report() {
 	echo "- date: $STAMP"
 	echo "- machine: $(nproc) CPUs ($CPU_MODEL), $MEM_TOTAL memory, $(uname -r)"
 	echo "- PostgreSQL: $PG_VERSION"
+	echo "- statistics: --stats $STATS, shared_preload_libraries = '$PRELOAD'; idem_stats_enabled(): $STATS_ENABLED"
 	echo "- prefilled records (replay sets, scale loads) expire evenly over the next $SPREAD (--spread)"
 	echo "- command: \`$COMMAND\`; run time ${RUN_SECS}s$( ((PERF)) && echo ", then ${PERF_SECS}s of profiling" || true)"
 	echo "- load average (1, 5, 15 min) before the run: $LOAD_START; after it: $LOAD_END (other work on the machine shows here)"
