@@ -303,9 +303,10 @@ DECLARE
     cur         record;
     last        idempotency.daily_base;
     fresh       boolean;
+    -- first: calling it loads the library, which defines the settings
+    settings    record := idempotency.maintenance_settings();
     today       date := (clock_timestamp() AT TIME ZONE 'UTC')::date;
     retention   interval := current_setting('idempotency.stats_retention')::interval;
-    settings    record := idempotency.maintenance_settings();
 BEGIN
     DELETE FROM idempotency.daily d WHERE d.day <= today - retention;
     IF NOT idempotency.idem_stats_enabled() THEN
