@@ -25,8 +25,11 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # calls, so a bare Debian needs them too.  Since PostgreSQL 10 the contrib
 # modules ship in postgresql-N; postgresql-contrib (the default major's) is
 # only asked for where that default is the host's 15.
+# prometheus-postgres-exporter is the real exporter that t/015_exporter.pl
+# runs against monitoring/idempotency.yaml.
 IDEM_PACKAGES=("postgresql-$IDEM_PG_MAJOR" "postgresql-server-dev-$IDEM_PG_MAJOR"
-               "postgresql-$IDEM_PG_MAJOR-cron" make gcc libipc-run-perl pgbouncer)
+               "postgresql-$IDEM_PG_MAJOR-cron" make gcc libipc-run-perl pgbouncer
+               prometheus-postgres-exporter)
 if [[ $IDEM_PG_MAJOR == 15 ]]; then
 	IDEM_PACKAGES+=(postgresql-contrib)
 fi
