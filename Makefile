@@ -10,7 +10,8 @@ MODULE_big = idempotency
 OBJS = \
 	$(WIN32RES) \
 	idempotency.o \
-	records.o
+	records.o \
+	stats.o
 
 EXTENSION = idempotency
 DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql

@@ -20,7 +20,12 @@
 #include "access/genam.h"
 #include "access/heapam.h"
 #include "access/htup_details.h"
+#include "catalog/pg_class.h"
+#include "miscadmin.h"
 #include "nodes/execnodes.h"
+#include "portability/instr_time.h"
+#include "storage/proc.h"
+#include "utils/acl.h"
 
 #if PG_VERSION_NUM < 160000
 /*
@@ -89,6 +94,55 @@ idem_index_is_summarizing(const IndexInfo *info)
 	return info->ii_Summarizing;
 #else
 	return false;
+#endif
+}
+
+/*
+ * idem_my_proc_number
+ *		This backend's index among the PGPROCs.
+ *
+ * PostgreSQL 17 replaced PGPROC's pgprocno by the global MyProcNumber.
+ */
+static inline int
+idem_my_proc_number(void)
+{
+#if PG_VERSION_NUM >= 170000
+	return MyProcNumber;
+#else
+	return MyProc->pgprocno;
+#endif
+}
+
+/*
+ * idem_class_ownercheck
+ *		Whether role owns relation relid (or is a superuser).
+ *
+ * PostgreSQL 16 replaced pg_class_ownercheck by object_ownercheck.
+ */
+static inline bool
+idem_class_ownercheck(Oid relid, Oid roleid)
+{
+#if PG_VERSION_NUM >= 160000
+	return object_ownercheck(RelationRelationId, relid, roleid);
+#else
+	return pg_class_ownercheck(relid, roleid);
+#endif
+}
+
+/*
+ * idem_instr_time_nsec
+ *		An instr_time interval in nanoseconds.
+ *
+ * PostgreSQL 16 made instr_time a count of nanoseconds and added
+ * INSTR_TIME_GET_NANOSEC; before, on Unix, it is a struct timespec.
+ */
+static inline uint64
+idem_instr_time_nsec(instr_time t)
+{
+#if PG_VERSION_NUM >= 160000
+	return (uint64) INSTR_TIME_GET_NANOSEC(t);
+#else
+	return (uint64) t.tv_sec * UINT64CONST(1000000000) + (uint64) t.tv_nsec;
 #endif
 }
 

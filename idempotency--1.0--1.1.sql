@@ -4,8 +4,10 @@
 \echo Use "ALTER EXTENSION idempotency UPDATE TO '1.1'" to load this file. \quit
 
 --
--- Version 1.1: fenced claims (claim, retry_after, idem_extend) and
--- session-bound claims (see README.md, "Upgrading", for how to run this).
+-- Version 1.1: fenced claims (claim, retry_after, idem_extend),
+-- session-bound claims, statistics (with the library preloaded), daily
+-- reconciliation, stale claims and one-time tokens (see README.md,
+-- "Upgrading", for how to run this).
 --
 -- idem_acquire, idem_complete, idem_release and idem_lookup change their
 -- parameters or result columns, so they are dropped and created again, bound
@@ -33,7 +35,8 @@ BEGIN
                'idempotency.idem_acquire(text, jsonb, text, interval, interval)'::pg_catalog.regprocedure,
                'idempotency.idem_complete(text, int, jsonb, text, int)'::pg_catalog.regprocedure,
                'idempotency.idem_release(text, text, int)'::pg_catalog.regprocedure,
-               'idempotency.idem_lookup(text, text)'::pg_catalog.regprocedure]::pg_catalog.oid[])
+               'idempotency.idem_lookup(text, text)'::pg_catalog.regprocedure,
+               'idempotency.idem_maintain()'::pg_catalog.regprocedure]::pg_catalog.oid[])
        AND d.deptype OPERATOR(pg_catalog.=) ANY (ARRAY['n', 'a']::pg_catalog."char"[]);
     IF dependents IS NOT NULL THEN
         RAISE EXCEPTION 'cannot update extension "idempotency": other objects depend on functions that version 1.1 re-creates'
@@ -45,16 +48,19 @@ END
 $$;
 
 --
--- Storage: the claim and, for a session-bound claim, its owner session.
--- Nullable without a default, so adding them rewrites nothing (but takes
--- ACCESS EXCLUSIVE on the table and every partition for a moment; see
--- README.md).  NULL in every record made by 1.0.  Partitions made later by
--- maintenance copy the columns (LIKE idempotency.records).
+-- Storage: the claim and, for a session-bound claim, its owner session;
+-- is_token tells one-time tokens from idempotency keys.  The first three
+-- are nullable without a default and is_token has a constant default, so
+-- adding them rewrites and scans nothing (but takes ACCESS EXCLUSIVE on the
+-- table and every partition for a moment; see README.md).  NULL (false) in
+-- every record made by 1.0.  Partitions made later by maintenance copy the
+-- columns (LIKE idempotency.records).
 --
 ALTER TABLE idempotency.records
     ADD COLUMN claim uuid,
     ADD COLUMN owner_pid int,
-    ADD COLUMN owner_start timestamptz;
+    ADD COLUMN owner_start timestamptz,
+    ADD COLUMN is_token boolean NOT NULL DEFAULT false;
 
 --
 -- The old functions are renamed, not dropped, until their privileges have
@@ -121,12 +127,294 @@ RETURNS timestamptz
 AS 'MODULE_PATHNAME', 'idem_extend'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
+--
+-- One-time tokens (the form-submit tokens): records of their own kind.
+--
+CREATE FUNCTION idempotency.idem_token_issue(
+    scope   text     DEFAULT '',
+    ttl     interval DEFAULT NULL)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_token_issue'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency.idem_token_consume(
+    token   text,
+    scope   text DEFAULT '')
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_token_consume'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+--
+-- Statistics, kept in shared memory when the library is preloaded
+-- (shared_preload_libraries); otherwise these raise 55000 with a hint.
+--
+CREATE FUNCTION idempotency.idem_stats(
+    OUT datname                 name,
+    OUT acquired                bigint,
+    OUT taken_over              bigint,
+    OUT replayed                bigint,
+    OUT mismatched              bigint,
+    OUT in_progress             bigint,
+    OUT completed               bigint,
+    OUT released                bigint,
+    OUT waits                   bigint,
+    OUT wait_time               double precision,
+    OUT tokens_issued           bigint,
+    OUT tokens_consumed         bigint,
+    OUT acquire_duration_sum    double precision,
+    OUT acquire_duration_count  bigint,
+    OUT stats_reset             timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_stats'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION idempotency.idem_acquire_histogram(
+    OUT datname name,
+    OUT le      double precision,
+    OUT count   bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_acquire_histogram'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION idempotency.idem_stats_reset()
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'idem_stats_reset'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency.idem_stats_enabled()
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_stats_enabled'
+LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+-- The seed's counters, one row per database (wait_time in milliseconds)
+CREATE VIEW idempotency.stats AS
+SELECT s.datname, s.acquired, s.taken_over, s.replayed, s.mismatched,
+       s.in_progress, s.completed, s.released, s.waits, s.wait_time,
+       s.tokens_issued, s.tokens_consumed, s.stats_reset
+  FROM idempotency.idem_stats() s;
+
+COMMENT ON VIEW idempotency.stats IS
+    'what idem_* calls answered, per database, since stats_reset';
+
+-- The cumulative histogram of idem_acquire's duration (le in seconds)
+CREATE VIEW idempotency.acquire_duration AS
+SELECT h.datname, h.le, h.count
+  FROM idempotency.idem_acquire_histogram() h;
+
+COMMENT ON VIEW idempotency.acquire_duration IS
+    'cumulative histogram of idem_acquire duration per database, Prometheus style';
+
+--
+-- idempotency.stale_claims: live processing claims whose lease has run out
+-- or whose session-bound owner is gone, for an operator to review (the
+-- next idem_acquire of the key takes them over).  It reads every live
+-- partition: no index serves it, so that completions stay HOT updates.
+--
+CREATE FUNCTION idempotency.owner_alive(owner_pid int, owner_start timestamptz)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_owner_alive_sql'
+LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+
+CREATE VIEW idempotency.stale_claims AS
+SELECT r.scope, r.key, r.attempt, r.created_at, r.locked_until, r.expires_at,
+       r.owner_pid,
+       CASE WHEN r.owner_pid IS NULL THEN 'lease expired'
+            ELSE 'owner gone' END AS reason
+  FROM idempotency.records r
+ WHERE r.status OPERATOR(pg_catalog.=) 'processing'
+   AND NOT r.is_token
+   AND r.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
+   AND CASE WHEN r.owner_pid IS NULL
+            THEN r.locked_until OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()
+            ELSE NOT idempotency.owner_alive(r.owner_pid, r.owner_start) END;
+
+COMMENT ON VIEW idempotency.stale_claims IS
+    'live processing claims whose lease ran out or whose owner session is gone';
+
+--
+-- Daily reconciliation: idem_maintain() adds each UTC day's increase of
+-- this database's counters to idempotency.daily, kept for
+-- idempotency.stats_retention.  daily_base holds the counters as last
+-- seen; a counter that went down (a server crash, idem_stats_reset) starts
+-- a new base, so no negative increase is ever written.
+--
+CREATE TABLE idempotency.daily (
+    day             date NOT NULL,
+    datname         name NOT NULL,
+    acquired        bigint NOT NULL DEFAULT 0,
+    taken_over      bigint NOT NULL DEFAULT 0,
+    replayed        bigint NOT NULL DEFAULT 0,
+    mismatched      bigint NOT NULL DEFAULT 0,
+    in_progress     bigint NOT NULL DEFAULT 0,
+    completed       bigint NOT NULL DEFAULT 0,
+    released        bigint NOT NULL DEFAULT 0,
+    waits           bigint NOT NULL DEFAULT 0,
+    wait_time       double precision NOT NULL DEFAULT 0,
+    tokens_issued   bigint NOT NULL DEFAULT 0,
+    tokens_consumed bigint NOT NULL DEFAULT 0,
+    acquire_count   bigint NOT NULL DEFAULT 0,
+    acquire_time    double precision NOT NULL DEFAULT 0,
+    PRIMARY KEY (day, datname)
+);
+
+COMMENT ON TABLE idempotency.daily IS
+    'increase of the statistics per UTC day and database, written by idem_maintain()';
+
+SELECT pg_catalog.pg_extension_config_dump('idempotency.daily', '');
+
+CREATE TABLE idempotency.daily_base (
+    datname         name PRIMARY KEY,
+    stats_reset     timestamptz NOT NULL,
+    sampled_at      timestamptz NOT NULL,
+    acquired        bigint NOT NULL,
+    taken_over      bigint NOT NULL,
+    replayed        bigint NOT NULL,
+    mismatched      bigint NOT NULL,
+    in_progress     bigint NOT NULL,
+    completed       bigint NOT NULL,
+    released        bigint NOT NULL,
+    waits           bigint NOT NULL,
+    wait_time       double precision NOT NULL,
+    tokens_issued   bigint NOT NULL,
+    tokens_consumed bigint NOT NULL,
+    acquire_count   bigint NOT NULL,
+    acquire_time    double precision NOT NULL
+);
+
+COMMENT ON TABLE idempotency.daily_base IS
+    'the statistics as idem_maintain() last saw them (the base of the next increase)';
+
+--
+-- record_daily(): the reconciliation step of idem_maintain().  Nothing to
+-- do without statistics.  Concurrent runs take turns on daily_base, so no
+-- increase is counted twice.
+--
+CREATE FUNCTION idempotency.record_daily()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    cur         record;
+    last        idempotency.daily_base;
+    fresh       boolean;
+    today       date := (clock_timestamp() AT TIME ZONE 'UTC')::date;
+    retention   interval := current_setting('idempotency.stats_retention')::interval;
+BEGIN
+    IF NOT idempotency.idem_stats_enabled() THEN
+        RETURN;
+    END IF;
+
+    LOCK TABLE idempotency.daily_base IN SHARE ROW EXCLUSIVE MODE;
+    SELECT * INTO cur FROM idempotency.idem_stats() s
+     WHERE s.datname = current_database();
+    IF FOUND THEN
+        SELECT * INTO last FROM idempotency.daily_base b
+         WHERE b.datname = current_database();
+        -- a new base after a reset or a restart that lost the counters
+        fresh := last.datname IS NULL
+              OR last.stats_reset IS DISTINCT FROM cur.stats_reset
+              OR cur.acquired < last.acquired OR cur.taken_over < last.taken_over
+              OR cur.replayed < last.replayed OR cur.mismatched < last.mismatched
+              OR cur.in_progress < last.in_progress OR cur.completed < last.completed
+              OR cur.released < last.released OR cur.waits < last.waits
+              OR cur.wait_time < last.wait_time
+              OR cur.tokens_issued < last.tokens_issued
+              OR cur.tokens_consumed < last.tokens_consumed
+              OR cur.acquire_duration_count < last.acquire_count
+              OR cur.acquire_duration_sum < last.acquire_time;
+        IF fresh THEN
+            last := ROW(current_database(), cur.stats_reset, clock_timestamp(),
+                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        END IF;
+
+        INSERT INTO idempotency.daily AS d
+               (day, datname, acquired, taken_over, replayed, mismatched,
+                in_progress, completed, released, waits, wait_time,
+                tokens_issued, tokens_consumed, acquire_count, acquire_time)
+        VALUES (today, current_database(),
+                cur.acquired - last.acquired, cur.taken_over - last.taken_over,
+                cur.replayed - last.replayed, cur.mismatched - last.mismatched,
+                cur.in_progress - last.in_progress, cur.completed - last.completed,
+                cur.released - last.released, cur.waits - last.waits,
+                cur.wait_time - last.wait_time,
+                cur.tokens_issued - last.tokens_issued,
+                cur.tokens_consumed - last.tokens_consumed,
+                cur.acquire_duration_count - last.acquire_count,
+                cur.acquire_duration_sum - last.acquire_time)
+        ON CONFLICT (day, datname) DO UPDATE SET
+            acquired = d.acquired + excluded.acquired,
+            taken_over = d.taken_over + excluded.taken_over,
+            replayed = d.replayed + excluded.replayed,
+            mismatched = d.mismatched + excluded.mismatched,
+            in_progress = d.in_progress + excluded.in_progress,
+            completed = d.completed + excluded.completed,
+            released = d.released + excluded.released,
+            waits = d.waits + excluded.waits,
+            wait_time = d.wait_time + excluded.wait_time,
+            tokens_issued = d.tokens_issued + excluded.tokens_issued,
+            tokens_consumed = d.tokens_consumed + excluded.tokens_consumed,
+            acquire_count = d.acquire_count + excluded.acquire_count,
+            acquire_time = d.acquire_time + excluded.acquire_time;
+
+        INSERT INTO idempotency.daily_base AS b
+        VALUES (current_database(), cur.stats_reset, clock_timestamp(),
+                cur.acquired, cur.taken_over, cur.replayed, cur.mismatched,
+                cur.in_progress, cur.completed, cur.released, cur.waits,
+                cur.wait_time, cur.tokens_issued, cur.tokens_consumed,
+                cur.acquire_duration_count, cur.acquire_duration_sum)
+        ON CONFLICT (datname) DO UPDATE SET
+            stats_reset = excluded.stats_reset,
+            sampled_at = excluded.sampled_at,
+            acquired = excluded.acquired, taken_over = excluded.taken_over,
+            replayed = excluded.replayed, mismatched = excluded.mismatched,
+            in_progress = excluded.in_progress, completed = excluded.completed,
+            released = excluded.released, waits = excluded.waits,
+            wait_time = excluded.wait_time,
+            tokens_issued = excluded.tokens_issued,
+            tokens_consumed = excluded.tokens_consumed,
+            acquire_count = excluded.acquire_count,
+            acquire_time = excluded.acquire_time;
+    END IF;
+
+    DELETE FROM idempotency.daily d WHERE d.day < today - retention;
+END
+$$;
+
+--
+-- idem_maintain() gains the daily reconciliation.  1.0's function keeps its
+-- body as idempotency.maintain_partitions(); the new one calls it, then
+-- record_daily().  The pg_cron job calls idem_maintain() by name.
+--
+ALTER FUNCTION idempotency.idem_maintain() RENAME TO maintain_partitions;
+
+CREATE FUNCTION idempotency.idem_maintain()
+RETURNS TABLE (partitions_created int, partitions_dropped int)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT m.partitions_created, m.partitions_dropped
+                   FROM idempotency.maintain_partitions() m;
+    PERFORM idempotency.record_daily();
+END
+$$;
+
 -- Nothing is granted to PUBLIC, as in 1.0.
 REVOKE ALL ON FUNCTION idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.idem_complete(text, int, jsonb, text, int, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.idem_release(text, text, int, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.idem_lookup(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.idem_extend(text, text, uuid, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_token_issue(text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_token_consume(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_stats() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_acquire_histogram() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_stats_reset() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_stats_enabled() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.owner_alive(int, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.record_daily() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_maintain() FROM PUBLIC;
 
 --
 -- Grant on each new function what was granted on the old one.  idem_extend
@@ -155,7 +443,11 @@ BEGIN
                 ('idempotency.idem_release_1_0(text, text, int)',
                  'idempotency.idem_release(text, text, int, uuid)'),
                 ('idempotency.idem_lookup_1_0(text, text)',
-                 'idempotency.idem_lookup(text, text)')) AS f(old_sig, new_sig)
+                 'idempotency.idem_lookup(text, text)'),
+                ('idempotency.maintain_partitions()',
+                 'idempotency.idem_maintain()'),
+                ('idempotency.maintain_partitions()',
+                 'idempotency.record_daily()')) AS f(old_sig, new_sig)
           JOIN pg_catalog.pg_proc o
             ON o.oid OPERATOR(pg_catalog.=) f.old_sig::pg_catalog.regprocedure
           JOIN pg_catalog.pg_proc n

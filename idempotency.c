@@ -105,6 +105,9 @@ void		_PG_init(void);
 /* locktag_field4 of our key locks; user advisory locks use 1 and 2 */
 #define IDEM_LOCKTAG_CLASS		0x4944
 
+/* locktag_field4 of the lock of a one-time token */
+#define IDEM_TOKEN_LOCKTAG_CLASS	0x4946
+
 /* locktag_field4 of the lock a session-bound claim's owner holds */
 #define IDEM_OWNER_LOCKTAG_CLASS	0x4945
 
@@ -149,6 +152,14 @@ static const char *const idem_outcome_names[] = {
 	[IDEM_MISMATCH] = "mismatch",
 };
 
+/* The counter of each outcome in the statistics */
+static const IdemStat idem_outcome_stats[] = {
+	[IDEM_ACQUIRED] = IDEM_STAT_ACQUIRED,
+	[IDEM_REPLAY] = IDEM_STAT_REPLAYED,
+	[IDEM_IN_PROGRESS] = IDEM_STAT_IN_PROGRESS,
+	[IDEM_MISMATCH] = IDEM_STAT_MISMATCHED,
+};
+
 /*
  * The SQL interface an entry point serves.  A database still at 1.0 (the
  * library was replaced before ALTER EXTENSION idempotency UPDATE) calls the
@@ -174,6 +185,9 @@ PG_FUNCTION_INFO_V1(idem_lookup_1_1);
 PG_FUNCTION_INFO_V1(idem_extend);
 PG_FUNCTION_INFO_V1(idem_request_hash);
 PG_FUNCTION_INFO_V1(idem_maintenance_settings);
+PG_FUNCTION_INFO_V1(idem_token_issue);
+PG_FUNCTION_INFO_V1(idem_token_consume);
+PG_FUNCTION_INFO_V1(idem_owner_alive_sql);
 
 
 /*
@@ -253,6 +267,9 @@ _PG_init(void)
 							GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
+	/* the statistics' settings, and their shared memory if preloaded */
+	idem_stats_init();
+
 	MarkGUCPrefixReserved("idempotency");
 
 	idem_records_init();
@@ -268,13 +285,13 @@ _PG_init(void)
  */
 
 /*
- * Return argument argno, the key (is_key) or the scope, after checking it:
- * not NULL, at most IDEM_MAX_KEY_BYTES bytes, and for the key not empty.
+ * The checks of idem_check_ident, for a string argument named what ("key",
+ * "scope", "token"), which must not be empty if nonempty.
  */
 static text *
-idem_check_ident(FunctionCallInfo fcinfo, int argno, bool is_key)
+idem_check_string(FunctionCallInfo fcinfo, int argno, const char *what,
+				  bool nonempty)
 {
-	const char *what = is_key ? "key" : "scope";
 	text	   *t;
 	size_t		len;
 
@@ -282,15 +299,15 @@ idem_check_ident(FunctionCallInfo fcinfo, int argno, bool is_key)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("idempotency %s must not be null", what),
-				 is_key ? 0 : errhint("Use '' for the default scope.")));
+				 nonempty ? 0 : errhint("Use '' for the default scope.")));
 
 	t = PG_GETARG_TEXT_PP(argno);
 	len = VARSIZE_ANY_EXHDR(t);
 
-	if (is_key && len == 0)
+	if (nonempty && len == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("idempotency key must not be empty")));
+				 errmsg("idempotency %s must not be empty", what)));
 	if (len > IDEM_MAX_KEY_BYTES)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -298,6 +315,16 @@ idem_check_ident(FunctionCallInfo fcinfo, int argno, bool is_key)
 				 errdetail("It has %zu bytes; the limit is %d.",
 						   len, IDEM_MAX_KEY_BYTES)));
 	return t;
+}
+
+/*
+ * Return argument argno, the key (is_key) or the scope, after checking it:
+ * not NULL, at most IDEM_MAX_KEY_BYTES bytes, and for the key not empty.
+ */
+static text *
+idem_check_ident(FunctionCallInfo fcinfo, int argno, bool is_key)
+{
+	return idem_check_string(fcinfo, argno, is_key ? "key" : "scope", is_key);
 }
 
 /*
@@ -320,16 +347,14 @@ idem_interval_usecs(const Interval *span, int64 *result)
 }
 
 /*
- * Check the ttl and lease arguments (argument numbers ttl_arg and lease_arg,
- * NULL meaning the settings) and return both as microseconds.
+ * Check the ttl argument (argument number ttl_arg, NULL meaning
+ * idempotency.default_ttl) and return it as microseconds.
  */
-static void
-idem_check_ttl_lease(FunctionCallInfo fcinfo, int ttl_arg, int lease_arg,
-					 int64 *ttl_usecs, int64 *lease_usecs)
+static int64
+idem_check_ttl(FunctionCallInfo fcinfo, int ttl_arg)
 {
 	int64		max_usecs = (int64) idem_max_ttl * USECS_PER_SEC;
 	int64		ttl;
-	int64		lease;
 
 	if (PG_ARGISNULL(ttl_arg))
 	{
@@ -346,6 +371,19 @@ idem_check_ttl_lease(FunctionCallInfo fcinfo, int ttl_arg, int lease_arg,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("ttl must be greater than zero and at most idempotency.max_ttl"),
 				 errdetail("idempotency.max_ttl is %d seconds.", idem_max_ttl)));
+	return ttl;
+}
+
+/*
+ * Check the ttl and lease arguments (argument numbers ttl_arg and lease_arg,
+ * NULL meaning the settings) and return both as microseconds.
+ */
+static void
+idem_check_ttl_lease(FunctionCallInfo fcinfo, int ttl_arg, int lease_arg,
+					 int64 *ttl_usecs, int64 *lease_usecs)
+{
+	int64		ttl = idem_check_ttl(fcinfo, ttl_arg);
+	int64		lease;
 
 	if (PG_ARGISNULL(lease_arg))
 		lease = Min((int64) idem_default_lease * USECS_PER_SEC, ttl);
@@ -517,10 +555,11 @@ idem_hash_mismatch(const IdemRecord *rec, const bytea *hash)
  */
 
 /*
- * Build the lock tag of (scope, key) in this database.
+ * Build the lock tag of (scope, key) in this database: an idempotency key's,
+ * or a one-time token's (token), which never conflict.
  */
 static void
-idem_key_locktag(LOCKTAG *tag, text *scope, text *key)
+idem_key_locktag(LOCKTAG *tag, text *scope, text *key, bool token)
 {
 	uint64		h;
 
@@ -529,7 +568,7 @@ idem_key_locktag(LOCKTAG *tag, text *scope, text *key)
 	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(key),
 							VARSIZE_ANY_EXHDR(key), h);
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
-						 IDEM_LOCKTAG_CLASS);
+						 token ? IDEM_TOKEN_LOCKTAG_CLASS : IDEM_LOCKTAG_CLASS);
 }
 
 /*
@@ -563,11 +602,10 @@ idem_unlock(const LOCKTAG *tag, LOCKMODE mode)
 }
 
 /*
- * Take a lock, waiting at most timeout_ms.  Returns false if it could not be
- * had in time.
+ * Take a lock that was not free, waiting at most timeout_ms (> 0).  Returns
+ * false if it could not be had in time.
  *
- * The uncontended case costs one lock-table probe.  Otherwise we wait in the
- * lock manager's own queue (no CPU, woken as soon as the holder lets go,
+ * We wait in the lock manager's own queue (no CPU, woken as soon as the holder lets go,
  * visible in pg_locks, covered by deadlock detection), with lock_timeout
  * temporarily set to our timeout, inside a subtransaction so that the lock
  * timeout error can be caught and turned into "not acquired".  If the
@@ -579,7 +617,7 @@ idem_unlock(const LOCKTAG *tag, LOCKMODE mode)
  * indistinguishable from it and is lost; the caller then sees a timeout.)
  */
 static bool
-idem_wait_lock(const LOCKTAG *tag, LOCKMODE mode, long timeout_ms)
+idem_wait_lock_blocking(const LOCKTAG *tag, LOCKMODE mode, long timeout_ms)
 {
 	MemoryContext oldcontext = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
@@ -587,10 +625,6 @@ idem_wait_lock(const LOCKTAG *tag, LOCKMODE mode, long timeout_ms)
 	bool		statement_timer_armed;
 	volatile bool acquired = false;
 
-	if (idem_lock(tag, mode, true) != LOCKACQUIRE_NOT_AVAIL)
-		return true;
-	if (timeout_ms <= 0)
-		return false;
 	timeout_ms = Min(timeout_ms, INT_MAX);
 	if (LockTimeout > 0 && LockTimeout <= timeout_ms)
 	{
@@ -650,6 +684,74 @@ idem_wait_lock(const LOCKTAG *tag, LOCKMODE mode, long timeout_ms)
 }
 
 /*
+ * The time a call spends waiting for other sessions, for the statistics
+ * (waits, wait_time).  Only the waits themselves are timed: a call that
+ * does not wait reads no clock for it.
+ */
+typedef struct IdemWaitClock
+{
+	bool		waited;
+	instr_time	total;
+} IdemWaitClock;
+
+static inline void
+idem_wait_clock_init(IdemWaitClock *clock)
+{
+	clock->waited = false;
+	INSTR_TIME_SET_ZERO(clock->total);
+}
+
+static inline void
+idem_wait_clock_start(IdemWaitClock *clock, instr_time *start)
+{
+	clock->waited = true;
+	INSTR_TIME_SET_CURRENT(*start);
+}
+
+static inline void
+idem_wait_clock_stop(IdemWaitClock *clock, const instr_time *start)
+{
+	instr_time	end;
+
+	INSTR_TIME_SET_CURRENT(end);
+	INSTR_TIME_ACCUM_DIFF(clock->total, end, *start);
+}
+
+/*
+ * Count a call's waits, if it waited.
+ */
+static void
+idem_wait_clock_count(const IdemWaitClock *clock)
+{
+	if (!clock->waited)
+		return;
+	idem_stats_add(IDEM_STAT_WAITS, 1);
+	idem_stats_add(IDEM_STAT_WAIT_USECS,
+				   (uint64) INSTR_TIME_GET_MICROSEC(clock->total));
+}
+
+/*
+ * Take a lock, waiting at most timeout_ms (idem_wait_lock_blocking), after
+ * trying for it without waiting; the wait is timed on clock.
+ */
+static bool
+idem_wait_lock(const LOCKTAG *tag, LOCKMODE mode, long timeout_ms,
+			   IdemWaitClock *clock)
+{
+	instr_time	start;
+	bool		acquired;
+
+	if (idem_lock(tag, mode, true) != LOCKACQUIRE_NOT_AVAIL)
+		return true;
+	if (timeout_ms <= 0)
+		return false;
+	idem_wait_clock_start(clock, &start);
+	acquired = idem_wait_lock_blocking(tag, mode, timeout_ms);
+	idem_wait_clock_stop(clock, &start);
+	return acquired;
+}
+
+/*
  * Wait until transaction xid has ended, but not past deadline.  Returns
  * false if it is still running at the deadline.
  *
@@ -661,7 +763,7 @@ idem_wait_lock(const LOCKTAG *tag, LOCKMODE mode, long timeout_ms)
  * transaction instead, which would wait past such a rollback.)
  */
 static bool
-idem_wait_xact(TransactionId xid, TimestampTz deadline)
+idem_wait_xact(TransactionId xid, TimestampTz deadline, IdemWaitClock *clock)
 {
 	TransactionId waiton = xid;
 
@@ -673,7 +775,8 @@ idem_wait_xact(TransactionId xid, TimestampTz deadline)
 		SET_LOCKTAG_TRANSACTION(tag, waiton);
 		if (!idem_wait_lock(&tag, ShareLock,
 							TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
-															deadline)))
+															deadline),
+							clock))
 			return false;
 		idem_unlock(&tag, ShareLock);
 		CHECK_FOR_INTERRUPTS();
@@ -940,12 +1043,12 @@ idem_serialization_error(text *key)
  * idem_records_find).
  */
 static void
-idem_read_mvcc(Relation parent, text *scope, text *key, TimestampTz now,
-			   TimestampTz hint, IdemRecord *rec)
+idem_read_mvcc(Relation parent, text *scope, text *key, bool token,
+			   TimestampTz now, TimestampTz hint, IdemRecord *rec)
 {
 	Snapshot	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 
-	idem_records_find(parent, scope, key, now, hint, snapshot, rec);
+	idem_records_find(parent, scope, key, token, now, hint, snapshot, rec);
 	UnregisterSnapshot(snapshot);
 }
 
@@ -956,13 +1059,13 @@ idem_read_mvcc(Relation parent, text *scope, text *key, TimestampTz now,
  * the transaction to wait for).
  */
 static void
-idem_read_dirty(Relation parent, text *scope, text *key, TimestampTz now,
-				TimestampTz hint, IdemRecord *rec)
+idem_read_dirty(Relation parent, text *scope, text *key, bool token,
+				TimestampTz now, TimestampTz hint, IdemRecord *rec)
 {
 	SnapshotData dirty;
 
 	InitDirtySnapshot(dirty);
-	idem_records_find(parent, scope, key, now, hint, &dirty, rec);
+	idem_records_find(parent, scope, key, token, now, hint, &dirty, rec);
 }
 
 /*
@@ -1041,14 +1144,15 @@ idem_passes_end(IdemPasses *passes, IdemRecord *rec)
  * predicate locks of an ordinary read.
  */
 static void
-idem_check_snapshot(Relation parent, text *scope, text *key, TimestampTz now,
-					TimestampTz hint, const IdemRecord *current)
+idem_check_snapshot(Relation parent, text *scope, text *key, bool token,
+					TimestampTz now, TimestampTz hint,
+					const IdemRecord *current)
 {
 	IdemRecord	seen;
 
 	if (!IsolationUsesXactSnapshot())
 		return;
-	idem_read_mvcc(parent, scope, key, now, hint, &seen);
+	idem_read_mvcc(parent, scope, key, token, now, hint, &seen);
 
 	/*
 	 * Compare what the record says rather than row versions: maintenance
@@ -1078,22 +1182,24 @@ idem_lock_and_read(Relation parent, const LOCKTAG *tag, text *scope,
 				   text *key, TimestampTz *now, IdemRecord *rec)
 {
 	IdemPasses	passes;
+	IdemWaitClock clock;
 
+	idem_wait_clock_init(&clock);	/* these waits are not counted */
 	idem_passes_init(&passes);
 	for (;;)
 	{
 		idem_pass_begin(&passes);
 		(void) idem_lock(tag, ExclusiveLock, false);
 		*now = GetCurrentTimestamp();
-		idem_read_dirty(parent, scope, key, *now,
+		idem_read_dirty(parent, scope, key, false, *now,
 						*now + idem_default_ttl_usecs(), rec);
 		if (!rec->found || !TransactionIdIsValid(rec->waitxid))
 			break;
 		idem_unlock(tag, ExclusiveLock);
-		(void) idem_wait_xact(rec->waitxid, DT_NOEND);
+		(void) idem_wait_xact(rec->waitxid, DT_NOEND, &clock);
 	}
 	idem_passes_end(&passes, rec);
-	idem_check_snapshot(parent, scope, key, *now,
+	idem_check_snapshot(parent, scope, key, false, *now,
 						*now + idem_default_ttl_usecs(), rec);
 }
 
@@ -1228,9 +1334,17 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 	bool		xact_open = false;
 	int			poll_ms = IDEM_POLL_MIN_MS;
 	IdemPasses	passes;
+	IdemWaitClock clock;
+	instr_time	start;
+	bool		counting;
+	bool		taken_over = false;
 	Relation	parent;
 	Datum		values[7];
 	bool		nulls[7];
+
+	counting = idem_stats_on();
+	if (counting)
+		INSTR_TIME_SET_CURRENT(start);
 
 	/* Check everything before touching anything */
 	key = idem_check_ident(fcinfo, 0, true);
@@ -1259,8 +1373,9 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 	now = GetCurrentTimestamp();
 	deadline = TimestampTzPlusMilliseconds(now, idem_wait_timeout);
 	hint = now + ttl;
-	idem_key_locktag(&tag, scope, key);
+	idem_key_locktag(&tag, scope, key, false);
 
+	idem_wait_clock_init(&clock);
 	idem_passes_init(&passes);
 	for (;;)
 	{
@@ -1275,10 +1390,10 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 		 */
 		remaining_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
 													   deadline);
-		if (!idem_wait_lock(&tag, ExclusiveLock, remaining_ms))
+		if (!idem_wait_lock(&tag, ExclusiveLock, remaining_ms, &clock))
 		{
-			idem_read_mvcc(parent, scope, key, GetCurrentTimestamp(), hint,
-						   &rec);
+			idem_read_mvcc(parent, scope, key, false, GetCurrentTimestamp(),
+						   hint, &rec);
 			have_record = rec.found;
 			if (!idem_settled(&rec, hash, &outcome))
 				outcome = IDEM_IN_PROGRESS;
@@ -1286,7 +1401,7 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 		}
 
 		now = GetCurrentTimestamp();
-		idem_read_dirty(parent, scope, key, now, hint, &rec);
+		idem_read_dirty(parent, scope, key, false, now, hint, &rec);
 
 		if (rec.found && TransactionIdIsValid(rec.waitxid))
 		{
@@ -1300,12 +1415,12 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 			idem_unlock(&tag, ExclusiveLock);
 			if (!rec.wait_insert && idem_hash_mismatch(&rec, hash))
 			{
-				idem_check_snapshot(parent, scope, key, now, hint, &rec);
+				idem_check_snapshot(parent, scope, key, false, now, hint, &rec);
 				have_record = true;
 				outcome = IDEM_MISMATCH;
 				break;
 			}
-			if (!idem_wait_xact(rec.waitxid, deadline))
+			if (!idem_wait_xact(rec.waitxid, deadline, &clock))
 			{
 				have_record = !rec.wait_insert;
 				xact_open = true;
@@ -1316,20 +1431,25 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 		}
 
 		/* Committed or our own: we may act on it under the key lock. */
-		idem_check_snapshot(parent, scope, key, now, hint, &rec);
+		idem_check_snapshot(parent, scope, key, false, now, hint, &rec);
 		have_record = rec.found;
 
 		if (!rec.found)
 		{
-			TimestampTz locked_until = session_bound ? now + ttl : now + lease;
+			TimestampTz expires_at = now + ttl;
+			TimestampTz locked_until;
 
+			/* never the expires_at of a token under the same strings */
+			if (expires_at == rec.shadow_expires)
+				expires_at--;
+			locked_until = session_bound ? expires_at : now + lease;
 			if (newclaim)
 				idem_new_claim(newclaim, session_bound);
-			idem_records_insert(parent, scope, key, hash, now, locked_until,
-								now + ttl, newclaim);
+			idem_records_insert(parent, scope, key, false, hash, now,
+								locked_until, expires_at, newclaim);
 			idem_unlock(&tag, ExclusiveLock);
 			rec.attempt = 1;
-			rec.expires_at = now + ttl;
+			rec.expires_at = expires_at;
 			have_record = true;
 			outcome = IDEM_ACQUIRED;
 			break;
@@ -1361,6 +1481,7 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 								  hash, newclaim);
 			idem_unlock(&tag, ExclusiveLock);
 			rec.attempt++;
+			taken_over = true;
 			outcome = IDEM_ACQUIRED;
 			break;
 		}
@@ -1391,10 +1512,16 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 			outcome = IDEM_IN_PROGRESS;
 			break;
 		}
-		(void) WaitLatch(MyLatch,
-						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 Min(remaining_ms, poll_ms),
-						 PG_WAIT_EXTENSION);
+		{
+			instr_time	sleep_start;
+
+			idem_wait_clock_start(&clock, &sleep_start);
+			(void) WaitLatch(MyLatch,
+							 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 Min(remaining_ms, poll_ms),
+							 PG_WAIT_EXTENSION);
+			idem_wait_clock_stop(&clock, &sleep_start);
+		}
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 		poll_ms = Min(poll_ms * 2, IDEM_POLL_MAX_MS);
@@ -1435,6 +1562,15 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 
 	idem_records_close(parent);
+
+	if (counting)
+	{
+		idem_stats_add(idem_outcome_stats[outcome], 1);
+		if (taken_over)
+			idem_stats_add(IDEM_STAT_TAKEN_OVER, 1);
+		idem_wait_clock_count(&clock);
+		idem_stats_acquire_time(&start);
+	}
 	return (Datum) 0;
 }
 
@@ -1514,7 +1650,7 @@ idem_complete_common(FunctionCallInfo fcinfo, IdemApi api)
 	parent = idem_records_open();
 	if (api == IDEM_API_1_1)
 		idem_require_1_1();
-	idem_key_locktag(&tag, scope, key);
+	idem_key_locktag(&tag, scope, key, false);
 	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
 
 	if (!rec.found)
@@ -1529,6 +1665,7 @@ idem_complete_common(FunctionCallInfo fcinfo, IdemApi api)
 							  PointerGetDatum(PG_GETARG_JSONB_P(2)),
 							  PG_ARGISNULL(2), now);
 		result = true;
+		idem_stats_add(IDEM_STAT_COMPLETED, 1);
 	}
 	idem_unlock(&tag, ExclusiveLock);
 
@@ -1583,7 +1720,7 @@ idem_release_common(FunctionCallInfo fcinfo, IdemApi api)
 	parent = idem_records_open();
 	if (api == IDEM_API_1_1)
 		idem_require_1_1();
-	idem_key_locktag(&tag, scope, key);
+	idem_key_locktag(&tag, scope, key, false);
 	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
 
 	if (rec.found)
@@ -1595,6 +1732,7 @@ idem_release_common(FunctionCallInfo fcinfo, IdemApi api)
 		{
 			idem_records_delete(parent, &rec);
 			result = true;
+			idem_stats_add(IDEM_STAT_RELEASED, 1);
 		}
 	}
 	idem_unlock(&tag, ExclusiveLock);
@@ -1657,7 +1795,7 @@ idem_extend(PG_FUNCTION_ARGS)
 
 	parent = idem_records_open();
 	idem_require_1_1();
-	idem_key_locktag(&tag, scope, key);
+	idem_key_locktag(&tag, scope, key, false);
 	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
 
 	if (!rec.found)
@@ -1718,8 +1856,8 @@ idem_lookup_common(FunctionCallInfo fcinfo, IdemApi api)
 		idem_require_1_1();
 
 	now = GetCurrentTimestamp();
-	idem_read_mvcc(parent, scope, key, now, now + idem_default_ttl_usecs(),
-				   &rec);
+	idem_read_mvcc(parent, scope, key, false, now,
+				   now + idem_default_ttl_usecs(), &rec);
 	if (rec.found)
 	{
 		Datum		values[10];
@@ -1759,6 +1897,200 @@ Datum
 idem_lookup_1_1(PG_FUNCTION_ARGS)
 {
 	return idem_lookup_common(fcinfo, IDEM_API_1_1);
+}
+
+
+/* ----------------------------------------------------------------
+ * One-time tokens (1.1)
+ *
+ * A token is a record of its own kind (is_token) in idempotency.records,
+ * with the token as its key: stored, expired and dropped with the records,
+ * invisible to every function of the keys and they to it, with a lock tag
+ * class of its own.  Issued, it is 'processing'; consumed, 'completed'.
+ * ----------------------------------------------------------------
+ */
+
+/* Random bytes of a token: 192 bits, 32 characters of base64url */
+#define IDEM_TOKEN_BYTES	24
+
+/*
+ * Encode len bytes (a multiple of 3) in the URL-safe base64 alphabet of RFC
+ * 4648, without padding, into dst (len / 3 * 4 characters and a NUL).
+ */
+static void
+idem_base64url(const uint8 *src, int len, char *dst)
+{
+	static const char alphabet[] =
+		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+	int			i;
+
+	Assert(len % 3 == 0);
+	for (i = 0; i < len; i += 3)
+	{
+		uint32		v = ((uint32) src[i] << 16) | ((uint32) src[i + 1] << 8) | src[i + 2];
+
+		*dst++ = alphabet[(v >> 18) & 0x3f];
+		*dst++ = alphabet[(v >> 12) & 0x3f];
+		*dst++ = alphabet[(v >> 6) & 0x3f];
+		*dst++ = alphabet[v & 0x3f];
+	}
+	*dst = '\0';
+}
+
+/*
+ * idem_token_issue(scope, ttl) returns text
+ *
+ * A new one-time token of scope, live for ttl (default
+ * idempotency.default_ttl): 192 bits straight from the server's strong
+ * random source, as 32 URL-safe characters.  No key lock and no look for a
+ * record of the same token: nobody can know the token before it is
+ * returned, and two equal tokens would take 2^96 of them to be likely.
+ */
+Datum
+idem_token_issue(PG_FUNCTION_ARGS)
+{
+	text	   *scope;
+	int64		ttl;
+	uint8		bytes[IDEM_TOKEN_BYTES];
+	char		encoded[IDEM_TOKEN_BYTES / 3 * 4 + 1];
+	text	   *token;
+	Relation	parent;
+	TimestampTz now;
+
+	scope = idem_check_ident(fcinfo, 0, false);
+	ttl = idem_check_ttl(fcinfo, 1);
+	PreventCommandDuringRecovery("idem_token_issue()");
+
+	if (!pg_strong_random(bytes, sizeof(bytes)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate a random token")));
+	idem_base64url(bytes, sizeof(bytes), encoded);
+	explicit_bzero(bytes, sizeof(bytes));
+	token = cstring_to_text(encoded);
+
+	parent = idem_records_open();
+	idem_require_1_1();
+	now = GetCurrentTimestamp();
+	idem_records_insert(parent, scope, token, true, NULL, now, 0, now + ttl,
+						NULL);
+	idem_records_close(parent);
+
+	idem_stats_add(IDEM_STAT_TOKENS_ISSUED, 1);
+	PG_RETURN_TEXT_P(token);
+}
+
+/*
+ * ereport the error of a consume that found another transaction consuming
+ * (or issuing) the same token and could not wait for it to end.
+ */
+static void
+idem_token_busy_error(void)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+			 errmsg("could not consume one-time token: another transaction is consuming it"),
+			 errdetail("It waited idempotency.wait_timeout (%d ms) for that transaction to end.",
+					   idem_wait_timeout),
+			 errhint("Retry: the token is spent if that transaction commits, and still live if it rolls back.")));
+}
+
+/*
+ * idem_token_consume(token, scope) returns boolean
+ *
+ * True exactly once for a live token of scope; false when it was consumed
+ * already, has expired, never existed or belongs to another scope.  The
+ * protocol is idem_acquire's: under the token's lock, a dirty read; where
+ * another transaction is writing the token, wait for it to end (up to
+ * idempotency.wait_timeout, then 55P03: never false for a token whose
+ * consumer may still roll back) and read again.
+ */
+Datum
+idem_token_consume(PG_FUNCTION_ARGS)
+{
+	text	   *token;
+	text	   *scope;
+	LOCKTAG		tag;
+	TimestampTz now;
+	TimestampTz deadline;
+	IdemRecord	rec;
+	IdemPasses	passes;
+	IdemWaitClock clock;
+	Relation	parent;
+	bool		result = false;
+
+	token = idem_check_string(fcinfo, 0, "token", true);
+	scope = idem_check_ident(fcinfo, 1, false);
+	PreventCommandDuringRecovery("idem_token_consume()");
+
+	parent = idem_records_open();
+	idem_require_1_1();
+	idem_key_locktag(&tag, scope, token, true);
+	now = GetCurrentTimestamp();
+	deadline = TimestampTzPlusMilliseconds(now, idem_wait_timeout);
+
+	idem_wait_clock_init(&clock);
+	idem_passes_init(&passes);
+	for (;;)
+	{
+		idem_pass_begin(&passes);
+		if (!idem_wait_lock(&tag, ExclusiveLock,
+							TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
+															deadline),
+							&clock))
+			idem_token_busy_error();
+		now = GetCurrentTimestamp();
+		idem_read_dirty(parent, scope, token, true, now,
+						now + idem_default_ttl_usecs(), &rec);
+		if (rec.found && TransactionIdIsValid(rec.waitxid))
+		{
+			idem_unlock(&tag, ExclusiveLock);
+			if (!idem_wait_xact(rec.waitxid, deadline, &clock))
+				idem_token_busy_error();
+			continue;
+		}
+		break;
+	}
+	idem_passes_end(&passes, &rec);
+
+	idem_check_snapshot(parent, scope, token, true, now,
+						now + idem_default_ttl_usecs(), &rec);
+	if (rec.found && !rec.completed)
+	{
+		idem_records_consume(parent, &rec, scope, token, now);
+		result = true;
+	}
+	idem_unlock(&tag, ExclusiveLock);
+	idem_records_close(parent);
+
+	idem_wait_clock_count(&clock);
+	if (result)
+		idem_stats_add(IDEM_STAT_TOKENS_CONSUMED, 1);
+	PG_RETURN_BOOL(result);
+}
+
+
+/* ----------------------------------------------------------------
+ * Monitoring
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * owner_alive(owner_pid, owner_start) returns boolean
+ *
+ * Whether the session that owns a session-bound claim with these columns
+ * still lives in this database (idempotency.stale_claims).
+ */
+Datum
+idem_owner_alive_sql(PG_FUNCTION_ARGS)
+{
+	IdemRecord	rec;
+
+	memset(&rec, 0, sizeof(rec));
+	rec.owner_null = false;
+	rec.owner_pid = PG_GETARG_INT32(0);
+	rec.owner_start = PG_GETARG_TIMESTAMPTZ(1);
+	PG_RETURN_BOOL(idem_owner_alive(&rec));
 }
 
 

@@ -4,7 +4,8 @@
  *		Declarations shared by the idempotency extension's C files.
  *
  * idempotency.c holds the SQL-callable functions and the claim protocol;
- * records.c holds the storage access to idempotency.records.
+ * records.c holds the storage access to idempotency.records; stats.c the
+ * statistics in shared memory.
  *
  * IDENTIFICATION
  *	  idempotency.h
@@ -16,6 +17,8 @@
 
 #include "access/htup.h"
 #include "datatype/timestamp.h"
+#include "port/atomics.h"
+#include "portability/instr_time.h"
 #include "storage/itemptr.h"
 #include "utils/relcache.h"
 #include "utils/snapshot.h"
@@ -58,6 +61,8 @@ typedef struct IdemRecord
 	bool		owner_null;		/* not session-bound */
 	int32		owner_pid;
 	TimestampTz owner_start;
+	bool		is_token;		/* a one-time token, not a key */
+	TimestampTz shadow_expires; /* see idem_records_find; 0 if none */
 } IdemRecord;
 
 /*
@@ -79,10 +84,11 @@ extern Relation idem_records_open(void);
 extern bool idem_records_have_claims(void);
 extern void idem_records_close(Relation parent);
 extern void idem_records_find(Relation parent, text *scope, text *key,
-							  TimestampTz now, TimestampTz hint,
+							  bool token, TimestampTz now, TimestampTz hint,
 							  Snapshot snapshot, IdemRecord *rec);
 extern void idem_records_insert(Relation parent, text *scope, text *key,
-								bytea *request_hash, TimestampTz now,
+								bool token, bytea *request_hash,
+								TimestampTz now,
 								TimestampTz locked_until,
 								TimestampTz expires_at,
 								const IdemClaim *claim);
@@ -98,6 +104,62 @@ extern void idem_records_complete(Relation parent, const IdemRecord *rec,
 								  text *scope, text *key, int32 status,
 								  Datum body, bool body_null,
 								  TimestampTz now);
+extern void idem_records_consume(Relation parent, const IdemRecord *rec,
+								 text *scope, text *key, TimestampTz now);
 extern void idem_records_delete(Relation parent, const IdemRecord *rec);
+
+/*
+ * The statistics counted per backend (stats.c): the counters, then the
+ * buckets of the acquire-duration histogram, not cumulative, the last one
+ * for calls longer than the largest bound.
+ */
+#define IDEM_NBUCKETS	17
+
+typedef enum IdemStat
+{
+	IDEM_STAT_ACQUIRED,			/* acquired: new claims and takeovers */
+	IDEM_STAT_TAKEN_OVER,
+	IDEM_STAT_REPLAYED,
+	IDEM_STAT_MISMATCHED,
+	IDEM_STAT_IN_PROGRESS,
+	IDEM_STAT_COMPLETED,
+	IDEM_STAT_RELEASED,
+	IDEM_STAT_WAITS,			/* calls that waited for another session */
+	IDEM_STAT_WAIT_USECS,		/* how long they waited, in all */
+	IDEM_STAT_TOKENS_ISSUED,
+	IDEM_STAT_TOKENS_CONSUMED,
+	IDEM_STAT_ACQUIRE_COUNT,
+	IDEM_STAT_ACQUIRE_NSECS,
+	IDEM_STAT_BUCKET0,
+	IDEM_NSTATS = IDEM_STAT_BUCKET0 + IDEM_NBUCKETS
+} IdemStat;
+
+/* stats.c */
+extern PGDLLIMPORT pg_atomic_uint64 *idem_my_stats;
+extern void idem_stats_init(void);
+extern bool idem_stats_attach(void);
+extern void idem_stats_acquire_time(const instr_time *start);
+
+/*
+ * Whether this backend counts: the library was preloaded and the backend's
+ * slot is bound to its database (bound here on first use).
+ */
+static inline bool
+idem_stats_on(void)
+{
+	return likely(idem_my_stats != NULL) || idem_stats_attach();
+}
+
+/*
+ * Add n to one of this backend's counters.  Only this backend writes its
+ * slot, so a plain load and store do; readers see either value.
+ */
+static inline void
+idem_stats_add(IdemStat stat, uint64 n)
+{
+	if (idem_stats_on())
+		pg_atomic_write_u64(&idem_my_stats[stat],
+							pg_atomic_read_u64(&idem_my_stats[stat]) + n);
+}
 
 #endif							/* IDEMPOTENCY_H */

@@ -89,6 +89,7 @@ typedef enum IdemColumn
 	COL_CLAIM,
 	COL_OWNER_PID,
 	COL_OWNER_START,
+	COL_IS_TOKEN,
 	IDEM_NCOLUMNS
 } IdemColumn;
 
@@ -110,6 +111,7 @@ static const char *const idem_column_names[IDEM_NCOLUMNS] = {
 	[COL_CLAIM] = "claim",
 	[COL_OWNER_PID] = "owner_pid",
 	[COL_OWNER_START] = "owner_start",
+	[COL_IS_TOKEN] = "is_token",
 };
 
 /*
@@ -328,7 +330,8 @@ idem_records_open(void)
 		idem_records_v11 =
 			get_attnum(relid, idem_column_names[COL_CLAIM]) != InvalidAttrNumber &&
 			get_attnum(relid, idem_column_names[COL_OWNER_PID]) != InvalidAttrNumber &&
-			get_attnum(relid, idem_column_names[COL_OWNER_START]) != InvalidAttrNumber;
+			get_attnum(relid, idem_column_names[COL_OWNER_START]) != InvalidAttrNumber &&
+			get_attnum(relid, idem_column_names[COL_IS_TOKEN]) != InvalidAttrNumber;
 		idem_records_relid = relid;
 	}
 	if (parent->rd_rel->relkind != RELKIND_PARTITIONED_TABLE)
@@ -467,14 +470,18 @@ idem_fill_record(IdemRecord *rec, Relation rel, const IdemPartition *part,
 		rec->owner_pid = DatumGetInt32(slot->tts_values[ATT(COL_OWNER_PID)]);
 		rec->owner_start = DatumGetTimestampTz(slot->tts_values[ATT(COL_OWNER_START)]);
 	}
+	rec->is_token = part->attnum[COL_IS_TOKEN] != InvalidAttrNumber &&
+		!slot->tts_isnull[ATT(COL_IS_TOKEN)] &&
+		DatumGetBool(slot->tts_values[ATT(COL_IS_TOKEN)]);
 #undef ATT
 }
 
 /*
- * Look for the live record of (scope, key) in one partition.
+ * Look for the live record of (scope, key) of the kind asked for (a one-time
+ * token, or an idempotency key) in one partition.
  */
 static bool
-idem_probe(Oid relid, text *scope, text *key, TimestampTz now,
+idem_probe(Oid relid, text *scope, text *key, bool token, TimestampTz now,
 		   Snapshot snapshot, IdemRecord *rec)
 {
 	Relation	rel;
@@ -536,6 +543,19 @@ idem_probe(Oid relid, text *scope, text *key, TimestampTz now,
 		if (isnull || expires_at <= now)
 			continue;
 
+		/*
+		 * A live record of the other kind under the same strings is passed
+		 * over; its expires_at is noted, so that a record written next to it
+		 * does not collide with it in the unique index.
+		 */
+		if (part.attnum[COL_IS_TOKEN] == InvalidAttrNumber ? token :
+			DatumGetBool(slot_getattr(slot, part.attnum[COL_IS_TOKEN],
+									  &isnull)) != token)
+		{
+			rec->shadow_expires = expires_at;
+			continue;
+		}
+
 		if (snapshot->snapshot_type != SNAPSHOT_DIRTY)
 		{
 			idem_fill_record(rec, rel, &part, slot);
@@ -580,7 +600,10 @@ idem_probe(Oid relid, text *scope, text *key, TimestampTz now,
 }
 
 /*
- * Find the live record of (scope, key) as of now, as seen by snapshot.
+ * Find the live record of (scope, key) as of now, as seen by snapshot: a
+ * one-time token's if token, else an idempotency key's; the two kinds never
+ * see each other.  rec->shadow_expires is the expires_at of a live record of
+ * the other kind with the same scope and key, where the search passed one.
  * With a dirty snapshot (InitDirtySnapshot), a version that another
  * transaction is still writing is found too, and rec->waitxid names it.
  *
@@ -591,8 +614,9 @@ idem_probe(Oid relid, text *scope, text *key, TimestampTz now,
  * first live record found ends the search, since there is at most one.
  */
 void
-idem_records_find(Relation parent, text *scope, text *key, TimestampTz now,
-				  TimestampTz hint, Snapshot snapshot, IdemRecord *rec)
+idem_records_find(Relation parent, text *scope, text *key, bool token,
+				  TimestampTz now, TimestampTz hint, Snapshot snapshot,
+				  IdemRecord *rec)
 {
 	PartitionDesc pd = RelationGetPartitionDesc(parent, true);
 	PartitionBoundInfo bi = pd->boundinfo;
@@ -626,13 +650,13 @@ idem_records_find(Relation parent, text *scope, text *key, TimestampTz now,
 
 	/* start, then down to the oldest live range, then up */
 	for (i = start; i >= 0; i--)
-		if (idem_probe(cand[i].relid, scope, key, now, snapshot, rec))
+		if (idem_probe(cand[i].relid, scope, key, token, now, snapshot, rec))
 			return;
 	for (i = start + 1; i < ncand; i++)
-		if (idem_probe(cand[i].relid, scope, key, now, snapshot, rec))
+		if (idem_probe(cand[i].relid, scope, key, token, now, snapshot, rec))
 			return;
 	if (bi->default_index >= 0)
-		(void) idem_probe(pd->oids[bi->default_index], scope, key, now,
+		(void) idem_probe(pd->oids[bi->default_index], scope, key, token, now,
 						  snapshot, rec);
 }
 
@@ -755,7 +779,8 @@ idem_form_tuple(Relation rel, const IdemPartition *part,
 		if (part->attnum[i] == InvalidAttrNumber)
 		{
 			/* a 1.1 column of a table still at 1.0: nothing may go there */
-			if (!colnulls[i])
+			if (!colnulls[i] &&
+				!(i == COL_IS_TOKEN && !DatumGetBool(colvalues[i])))
 				elog(ERROR, "partition \"%s\" of \"idempotency.records\" has no column \"%s\"",
 					 RelationGetRelationName(rel), idem_column_names[i]);
 			continue;
@@ -801,6 +826,8 @@ idem_record_columns(const IdemRecord *rec, text *scope, text *key,
 	nulls[COL_OWNER_PID] = rec->owner_null;
 	values[COL_OWNER_START] = TimestampTzGetDatum(rec->owner_start);
 	nulls[COL_OWNER_START] = rec->owner_null;
+	values[COL_IS_TOKEN] = BoolGetDatum(rec->is_token);
+	nulls[COL_IS_TOKEN] = false;
 }
 
 /*
@@ -823,11 +850,12 @@ idem_claim_columns(const IdemClaim *claim, Datum *values, bool *nulls)
 }
 
 /*
- * Insert a new processing record (attempt 1).  The caller holds the key lock
- * and has found no live record.
+ * Insert a new processing record (attempt 1), or an unconsumed one-time
+ * token (token; no hash, lease or claim).  The caller holds the key lock and
+ * has found no live record of that kind.
  */
 void
-idem_records_insert(Relation parent, text *scope, text *key,
+idem_records_insert(Relation parent, text *scope, text *key, bool token,
 					bytea *request_hash, TimestampTz now,
 					TimestampTz locked_until, TimestampTz expires_at,
 					const IdemClaim *claim)
@@ -847,8 +875,10 @@ idem_records_insert(Relation parent, text *scope, text *key,
 	rec.attempt = 1;
 	rec.created_at = now;
 	rec.locked_until = locked_until;
+	rec.locked_until_null = token;
 	rec.completed_at_null = true;
 	rec.expires_at = expires_at;
+	rec.is_token = token;
 	idem_record_columns(&rec, scope, key, values, nulls);
 	idem_claim_columns(claim, values, nulls);
 
@@ -951,6 +981,24 @@ idem_records_complete(Relation parent, const IdemRecord *rec, text *scope,
 	nulls[COL_RESPONSE_STATUS] = false;
 	values[COL_RESPONSE_BODY] = body;
 	nulls[COL_RESPONSE_BODY] = body_null;
+	values[COL_COMPLETED_AT] = TimestampTzGetDatum(now);
+	nulls[COL_COMPLETED_AT] = false;
+	idem_update(rec, values, nulls);
+}
+
+/*
+ * Mark a one-time token consumed.
+ */
+void
+idem_records_consume(Relation parent, const IdemRecord *rec, text *scope,
+					 text *key, TimestampTz now)
+{
+	Datum		values[IDEM_NCOLUMNS];
+	bool		nulls[IDEM_NCOLUMNS];
+
+	idem_prepare_write(parent, ACL_UPDATE);
+	idem_record_columns(rec, scope, key, values, nulls);
+	values[COL_STATUS] = CStringGetTextDatum("completed");
 	values[COL_COMPLETED_AT] = TimestampTzGetDatum(now);
 	nulls[COL_COMPLETED_AT] = false;
 	idem_update(rec, values, nulls);

@@ -179,7 +179,7 @@ start_cluster() {
 		# throwaway cluster of scripts/common.sh
 		listen_addresses = '127.0.0.1'
 		unix_socket_directories = '$IDEM_TMPDIR/socket'
-		shared_preload_libraries = 'pg_cron'
+		shared_preload_libraries = 'pg_cron,idempotency'
 		cron.database_name = 'postgres'
 		max_connections = 100
 	EOF
