@@ -1027,8 +1027,14 @@ idem_check_claim(text *key, bool given, const pg_uuid_t *claim,
  * snapshot was taken.
  */
 static void
-idem_serialization_error(text *key)
+idem_serialization_error(text *key, bool token)
 {
+	if (token)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access due to concurrent change of a one-time token"),
+				 errdetail("The token was consumed by a transaction that committed after this transaction's snapshot was taken."),
+				 errhint("Retry the transaction.")));
 	ereport(ERROR,
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 			 errmsg("could not serialize access due to concurrent change of idempotency key \"%s\"",
@@ -1168,7 +1174,7 @@ idem_check_snapshot(Relation parent, text *scope, text *key, bool token,
 		  seen.locked_until_null != current->locked_until_null ||
 		  (!seen.locked_until_null &&
 		   seen.locked_until != current->locked_until))))
-		idem_serialization_error(key);
+		idem_serialization_error(key, token);
 }
 
 /*

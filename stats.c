@@ -341,8 +341,10 @@ idem_stats_shmem_startup(void)
 
 /*
  * The postmaster's shutdown: write every database's totals (the backends
- * are gone and have folded their slots) for the next start.  Only at a
- * clean shutdown: after a crash the counters start again from zero.
+ * are gone and have folded their slots) for the next start.  Only when the
+ * totals are whole: not after a crash, nor after an immediate shutdown that
+ * killed a backend before it could fold its counters (its slot is still
+ * bound); the counters then start again from zero.
  */
 static void
 idem_stats_shmem_shutdown(int code, Datum arg)
@@ -354,6 +356,9 @@ idem_stats_shmem_shutdown(int code, Datum arg)
 
 	if (code != 0 || idem_stats_shared == NULL)
 		return;
+	for (i = 0; i < idem_stats_shared->nslots; i++)
+		if (OidIsValid(idem_stats_slot(i)->dboid))
+			return;
 
 	for (i = 0; i < idem_stats_shared->ndbs; i++)
 		if (OidIsValid(idem_stats_shared->dbs[i].dboid))

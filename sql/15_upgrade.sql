@@ -98,6 +98,17 @@ SELECT idempotency.idem_complete('u-lease', 200, attempt => 1);
 SELECT outcome, attempt, claim IS NOT NULL AS has_claim FROM idempotency.idem_acquire('u-short');
 SELECT outcome, attempt, claim IS NOT NULL AS has_claim FROM idempotency.idem_acquire('u-gone');
 
+-- 1.1's additions on the updated database: every 1.0 record is a key;
+-- tokens, the daily reconciliation and stale_claims work.
+SELECT pg_catalog.bool_and(NOT is_token) AS v10_records_are_keys, pg_catalog.count(*) AS records
+  FROM idempotency.records;
+SELECT idempotency.idem_token_issue('u') AS ut \gset
+SELECT idempotency.idem_token_consume(:'ut', 'u') AS first, idempotency.idem_token_consume(:'ut', 'u') AS again;
+SELECT pg_catalog.count(*) FROM idempotency.idem_maintain();
+SELECT datname = pg_catalog.current_database() AS this_db, tokens_issued, tokens_consumed
+  FROM idempotency.daily;
+SELECT pg_catalog.count(*) AS stale FROM idempotency.stale_claims;
+
 -- The application role keeps its privileges and gets idem_extend too.
 SET ROLE regress_idem_upgrade_app;
 SELECT outcome, claim IS NOT NULL AS has_claim FROM idempotency.idem_acquire('u-app', lease => '1 minute');
