@@ -208,14 +208,16 @@ COMMENT ON VIEW idempotency.acquire_duration IS
 -- idempotency.stale_claims: live processing claims whose lease has run out
 -- or whose session-bound owner is gone, for an operator to review (the
 -- next idem_acquire of the key takes them over).  It reads every live
--- partition: no index serves it, so that completions stay HOT updates.
+-- partition: no index serves it, so that completions stay HOT updates.  A
+-- security barrier: a reader's own conditions never see the rows it leaves
+-- out (completed records, tokens).
 --
 CREATE FUNCTION idempotency.owner_alive(owner_pid int, owner_start timestamptz)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'idem_owner_alive_sql'
 LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
 
-CREATE VIEW idempotency.stale_claims AS
+CREATE VIEW idempotency.stale_claims WITH (security_barrier) AS
 SELECT r.scope, r.key, r.attempt, r.created_at, r.locked_until, r.expires_at,
        r.owner_pid,
        CASE WHEN r.owner_pid IS NULL THEN 'lease expired'
@@ -286,13 +288,16 @@ COMMENT ON TABLE idempotency.daily_base IS
 
 --
 -- record_daily(): the reconciliation step of idem_maintain().  Nothing to
--- do without statistics.  Concurrent runs take turns on daily_base, so no
--- increase is counted twice.
+-- record without statistics (old days still go).  Concurrent runs take
+-- turns on daily_base, so no increase is counted twice; a run that cannot
+-- have it within idempotency.maintenance_lock_timeout leaves the increase
+-- to the next run.
 --
 CREATE FUNCTION idempotency.record_daily()
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
 AS $$
 DECLARE
     cur         record;
@@ -300,12 +305,20 @@ DECLARE
     fresh       boolean;
     today       date := (clock_timestamp() AT TIME ZONE 'UTC')::date;
     retention   interval := current_setting('idempotency.stats_retention')::interval;
+    settings    record := idempotency.maintenance_settings();
 BEGIN
+    DELETE FROM idempotency.daily d WHERE d.day <= today - retention;
     IF NOT idempotency.idem_stats_enabled() THEN
         RETURN;
     END IF;
 
-    LOCK TABLE idempotency.daily_base IN SHARE ROW EXCLUSIVE MODE;
+    PERFORM set_config('lock_timeout', settings.lock_timeout_ms || 'ms', true);
+    BEGIN
+        LOCK TABLE idempotency.daily_base IN SHARE ROW EXCLUSIVE MODE;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE LOG 'idempotency maintenance could not lock table "idempotency.daily_base", leaving the daily statistics to its next run';
+        RETURN;
+    END;
     SELECT * INTO cur FROM idempotency.idem_stats() s
      WHERE s.datname = current_database();
     IF FOUND THEN
@@ -376,15 +389,17 @@ BEGIN
             acquire_count = excluded.acquire_count,
             acquire_time = excluded.acquire_time;
     END IF;
-
-    DELETE FROM idempotency.daily d WHERE d.day < today - retention;
 END
 $$;
 
 --
 -- idem_maintain() gains the daily reconciliation.  1.0's function keeps its
--- body as idempotency.maintain_partitions(); the new one calls it, then
--- record_daily().  The pg_cron job calls idem_maintain() by name.
+-- body as idempotency.maintain_partitions(); the new one runs
+-- record_daily() first, so that the ACCESS EXCLUSIVE lock partition work
+-- takes is held for no longer than before, and in a subtransaction, so that
+-- a failure of the statistics (a role without rights to them, say) never
+-- keeps the partitions from being made and dropped: it is a WARNING.  The
+-- pg_cron job calls idem_maintain() by name.
 --
 ALTER FUNCTION idempotency.idem_maintain() RENAME TO maintain_partitions;
 
@@ -394,9 +409,14 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    BEGIN
+        PERFORM idempotency.record_daily();
+    EXCEPTION WHEN OTHERS THEN
+        RAISE WARNING 'idempotency maintenance could not record the daily statistics: %', SQLERRM
+            USING ERRCODE = SQLSTATE;
+    END;
     RETURN QUERY SELECT m.partitions_created, m.partitions_dropped
                    FROM idempotency.maintain_partitions() m;
-    PERFORM idempotency.record_daily();
 END
 $$;
 

@@ -285,8 +285,9 @@ _PG_init(void)
  */
 
 /*
- * The checks of idem_check_ident, for a string argument named what ("key",
- * "scope", "token"), which must not be empty if nonempty.
+ * Return string argument argno, named what ("key", "scope", "token") in
+ * errors, after checking it: not NULL, at most IDEM_MAX_KEY_BYTES bytes,
+ * and not empty if nonempty.
  */
 static text *
 idem_check_string(FunctionCallInfo fcinfo, int argno, const char *what,
@@ -438,7 +439,7 @@ idem_require_1_1(void)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("table \"idempotency.records\" has no columns of version 1.1"),
-				 errdetail("The columns claim, owner_pid and owner_start are missing."),
+				 errdetail("Some of the columns claim, owner_pid, owner_start and is_token are missing."),
 				 errhint("Run ALTER EXTENSION idempotency UPDATE in this database.")));
 }
 
@@ -1033,7 +1034,7 @@ idem_serialization_error(text *key, bool token)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("could not serialize access due to concurrent change of a one-time token"),
-				 errdetail("The token was consumed by a transaction that committed after this transaction's snapshot was taken."),
+				 errdetail("The token was consumed or issued by a transaction that committed after this transaction's snapshot was taken."),
 				 errhint("Retry the transaction.")));
 	ereport(ERROR,
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
@@ -1995,8 +1996,8 @@ idem_token_busy_error(void)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-			 errmsg("could not consume one-time token: another transaction is consuming it"),
-			 errdetail("It waited idempotency.wait_timeout (%d ms) for that transaction to end.",
+			 errmsg("could not consume one-time token: another transaction is still writing it"),
+			 errdetail("It waited idempotency.wait_timeout (%d ms) for that transaction, which is consuming or issuing the token, to end.",
 					   idem_wait_timeout),
 			 errhint("Retry: the token is spent if that transaction commits, and still live if it rolls back.")));
 }

@@ -128,7 +128,6 @@ typedef enum IdemStat
 	IDEM_STAT_WAIT_USECS,		/* how long they waited, in all */
 	IDEM_STAT_TOKENS_ISSUED,
 	IDEM_STAT_TOKENS_CONSUMED,
-	IDEM_STAT_ACQUIRE_COUNT,
 	IDEM_STAT_ACQUIRE_NSECS,
 	IDEM_STAT_BUCKET0,
 	IDEM_NSTATS = IDEM_STAT_BUCKET0 + IDEM_NBUCKETS
@@ -136,6 +135,7 @@ typedef enum IdemStat
 
 /* stats.c */
 extern PGDLLIMPORT pg_atomic_uint64 *idem_my_stats;
+extern PGDLLIMPORT bool idem_stats_never;
 extern void idem_stats_init(void);
 extern bool idem_stats_attach(void);
 extern void idem_stats_acquire_time(const instr_time *start);
@@ -147,7 +147,8 @@ extern void idem_stats_acquire_time(const instr_time *start);
 static inline bool
 idem_stats_on(void)
 {
-	return likely(idem_my_stats != NULL) || idem_stats_attach();
+	return likely(idem_my_stats != NULL) ||
+		(!idem_stats_never && idem_stats_attach());
 }
 
 /*

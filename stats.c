@@ -68,7 +68,7 @@
 /* Where the totals wait for the next start, and what the file is */
 #define IDEM_STATS_FILE		"pg_stat/idempotency.stat"
 #define IDEM_STATS_FILE_HEADER	0x49444D53	/* "IDMS" */
-#define IDEM_STATS_FILE_VERSION	((uint32) IDEM_NSTATS)
+#define IDEM_STATS_FILE_VERSION	1	/* raise when IdemStat changes */
 
 /* Upper bounds of the acquire-duration buckets, in microseconds */
 static const int64 idem_bucket_bounds[IDEM_NBUCKETS - 1] = {
@@ -76,6 +76,9 @@ static const int64 idem_bucket_bounds[IDEM_NBUCKETS - 1] = {
 	1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000,
 	1000000, 2500000, 5000000
 };
+
+StaticAssertDecl(IDEM_NSTATS == 29,
+				 "IdemStat changed: raise IDEM_STATS_FILE_VERSION and fix this check");
 
 /* Counters of one database, as stored in its entry */
 typedef struct IdemStatsDb
@@ -100,6 +103,7 @@ typedef struct IdemStatsSlot
 typedef struct IdemStatsShared
 {
 	LWLock	   *lock;
+	bool		full_reported;	/* the LOG that a database is not counted */
 	int			nslots;
 	int			ndbs;
 	IdemStatsDb *dbs;			/* ndbs entries */
@@ -120,8 +124,8 @@ static IdemStatsShared *idem_stats_shared = NULL;
 /* This backend's counters once bound; see idempotency.h */
 pg_atomic_uint64 *idem_my_stats = NULL;
 
-/* This backend could not get a database entry: it does not count */
-static bool idem_stats_unbound = false;
+/* This backend does not count: not preloaded, or no database entry */
+bool		idem_stats_never = false;
 
 static void idem_stats_shmem_request(void);
 static void idem_stats_shmem_startup(void);
@@ -282,7 +286,14 @@ idem_stats_load(void)
 		}
 		db = idem_stats_new_db(saved.dboid, saved.stats_reset);
 		if (db == NULL)
+		{
+			ereport(LOG,
+					(errmsg("idempotency statistics of %u databases saved at shutdown are not kept",
+							header[2] - i),
+					 errdetail("idempotency.stats_max_databases is %d.",
+							   idem_stats_max_databases)));
 			break;
+		}
 		memcpy(db->folded, saved.folded, sizeof(db->folded));
 	}
 	FreeFile(file);
@@ -483,6 +494,7 @@ idem_stats_evict(void)
 		if (db != NULL && !in_use)
 		{
 			db->dboid = InvalidOid;
+			idem_stats_shared->full_reported = false;
 			freed = true;
 		}
 		LWLockRelease(idem_stats_shared->lock);
@@ -504,12 +516,19 @@ idem_stats_attach(void)
 	bool		ok = false;
 	int			round;
 
-	if (idem_stats_shared == NULL || idem_stats_unbound ||
-		MyProc == NULL || !OidIsValid(MyDatabaseId))
+	if (idem_stats_shared == NULL || idem_stats_never)
+	{
+		idem_stats_never = true;
+		return false;
+	}
+	if (MyProc == NULL || !OidIsValid(MyDatabaseId))
 		return false;
 	procno = idem_my_proc_number();
 	if (procno < 0 || procno >= idem_stats_shared->nslots)
+	{
+		idem_stats_never = true;
 		return false;
+	}
 	slot = idem_stats_slot(procno);
 
 	for (round = 0; round < 2 && !ok; round++)
@@ -531,14 +550,22 @@ idem_stats_attach(void)
 
 	if (!ok)
 	{
-		idem_stats_unbound = true;
-		ereport(WARNING,
-				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-				 errmsg("idempotency statistics of database \"%s\" are not kept",
-						get_database_name(MyDatabaseId)),
-				 errdetail("Statistics are kept for %d databases, all of which are in use.",
-						   idem_stats_max_databases),
-				 errhint("Raise \"idempotency.stats_max_databases\" and restart the server.")));
+		bool		report;
+
+		/* said once in the server log, not to every new session */
+		idem_stats_never = true;
+		LWLockAcquire(idem_stats_shared->lock, LW_EXCLUSIVE);
+		report = !idem_stats_shared->full_reported;
+		idem_stats_shared->full_reported = true;
+		LWLockRelease(idem_stats_shared->lock);
+		if (report)
+			ereport(LOG,
+					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+					 errmsg("idempotency statistics of database \"%s\" are not kept",
+							get_database_name(MyDatabaseId)),
+					 errdetail("Statistics are kept for %d databases, all held by other databases.",
+							   idem_stats_max_databases),
+					 errhint("Raise \"idempotency.stats_max_databases\" and restart the server.")));
 		return false;
 	}
 	before_shmem_exit(idem_stats_backend_exit, PointerGetDatum(slot));
@@ -554,17 +581,17 @@ void
 idem_stats_acquire_time(const instr_time *start)
 {
 	instr_time	duration;
-	int64		usecs;
+	uint64		nsecs;
 	int			bucket = 0;
 
 	INSTR_TIME_SET_CURRENT(duration);
 	INSTR_TIME_SUBTRACT(duration, *start);
-	usecs = (int64) INSTR_TIME_GET_MICROSEC(duration);
-	while (bucket < IDEM_NBUCKETS - 1 && usecs > idem_bucket_bounds[bucket])
+	nsecs = idem_instr_time_nsec(duration);
+	while (bucket < IDEM_NBUCKETS - 1 &&
+		   nsecs > (uint64) idem_bucket_bounds[bucket] * 1000)
 		bucket++;
 	idem_stats_add(IDEM_STAT_BUCKET0 + bucket, 1);
-	idem_stats_add(IDEM_STAT_ACQUIRE_COUNT, 1);
-	idem_stats_add(IDEM_STAT_ACQUIRE_NSECS, idem_instr_time_nsec(duration));
+	idem_stats_add(IDEM_STAT_ACQUIRE_NSECS, nsecs);
 }
 
 
@@ -650,6 +677,21 @@ idem_stats_collect(IdemStatsTotals **result)
 	return n;
 }
 
+/*
+ * The number of acquires: the sum of the buckets, so that it always equals
+ * the count of the last, Infinity, bucket, as Prometheus expects.
+ */
+static uint64
+idem_stats_acquire_count(const uint64 *counters)
+{
+	uint64		count = 0;
+	int			b;
+
+	for (b = 0; b < IDEM_NBUCKETS; b++)
+		count += counters[IDEM_STAT_BUCKET0 + b];
+	return count;
+}
+
 static inline Datum
 idem_stats_count_datum(uint64 value)
 {
@@ -704,7 +746,7 @@ idem_stats(PG_FUNCTION_ARGS)
 		values[10] = idem_stats_count_datum(c[IDEM_STAT_TOKENS_ISSUED]);
 		values[11] = idem_stats_count_datum(c[IDEM_STAT_TOKENS_CONSUMED]);
 		values[12] = Float8GetDatum((double) c[IDEM_STAT_ACQUIRE_NSECS] / 1e9);
-		values[13] = idem_stats_count_datum(c[IDEM_STAT_ACQUIRE_COUNT]);
+		values[13] = idem_stats_count_datum(idem_stats_acquire_count(c));
 		values[14] = TimestampTzGetDatum(totals[i].stats_reset);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
@@ -810,7 +852,8 @@ idem_stats_reset(PG_FUNCTION_ARGS)
 				live[j] += pg_atomic_read_u64(&slot->counters[j]);
 		}
 		for (i = 0; i < IDEM_NSTATS; i++)
-			db->base[i] = db->folded[i] + live[i];
+			live[i] += db->folded[i];
+		memcpy(db->base, live, sizeof(db->base));
 		db->stats_reset = now;
 	}
 	LWLockRelease(idem_stats_shared->lock);

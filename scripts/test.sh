@@ -6,6 +6,8 @@
 #   pg_regress            sql/*.sql    against expected/*.out
 #   pg_isolation_regress  specs/*.spec against expected/*.out
 #   prove (TAP)           t/*.pl, on clusters of their own
+#   the HTTP examples     examples/run_tests.sh gin|python, real requests
+#                         to each example's server on 127.0.0.1
 # then the same on PostgreSQL 17 and 18, each in a Debian root of its own
 # (scripts/matrix.sh; IDEM_MATRIX=0 leaves it out).
 # Exits non-zero if anything fails, after printing the diffs.
@@ -115,6 +117,29 @@ run_tap() {
 if compgen -G 't/*.pl' >/dev/null; then
 	run_tap
 fi
+
+# The HTTP examples (examples/gin, examples/python): each one's server on
+# free ports of 127.0.0.1 against this cluster (a database of its own),
+# driven with real HTTP requests by examples/http_test.py.
+run_example() {
+	local which=$1 name="$1 example (HTTP)" out rc=0 line
+	log "$name"
+	out=$IDEM_TMPDIR/example-$which.out
+	bash "$REPO_ROOT/examples/run_tests.sh" "$which" 2>&1 | tee "$out" || rc=$?
+	if ((rc != 0)); then
+		status=1
+	fi
+	# Its closing line: "<name>: N of M tests passed." (a failure before
+	# the requests says 0 of 1).
+	line=$(grep -F "$name: " "$out" | grep -E ' [0-9]+ of [0-9]+ tests passed\.$' | tail -n 1 || true)
+	if [[ -n $line ]]; then
+		echo "$line" >>"$summary"
+	else
+		echo "$name: 0 of 1 tests passed." >>"$summary"
+	fi
+}
+run_example gin
+run_example python
 
 for diffs in regression.diffs output_iso/regression.diffs; do
 	if [[ -s $diffs ]]; then

@@ -152,3 +152,25 @@ SELECT pg_catalog.pg_sleep(0.01);
 SELECT key, attempt, owner_pid = pg_catalog.pg_backend_pid() AS owner_was_us, reason
   FROM idempotency.stale_claims
  WHERE key LIKE 'st-%' ORDER BY key;
+-- A reader of the view with a leaky function of its own learns nothing of
+-- the rows the view leaves out (security barrier): it sees two keys.
+CREATE ROLE idem_monitor;
+GRANT USAGE ON SCHEMA idempotency TO idem_monitor;
+GRANT EXECUTE ON FUNCTION idempotency.owner_alive(int, timestamptz) TO idem_monitor;
+GRANT SELECT ON idempotency.stale_claims TO idem_monitor;
+SET ROLE idem_monitor;
+CREATE FUNCTION pg_temp.peek(k text) RETURNS boolean LANGUAGE plpgsql COST 0.0000001 AS $$
+BEGIN
+    IF k LIKE 'st-%' THEN
+        RAISE NOTICE 'saw %', k;
+    END IF;
+    RETURN true;
+END
+$$;
+SELECT pg_catalog.count(*) FROM idempotency.stale_claims WHERE pg_temp.peek(key) AND key LIKE 'st-%';
+DROP FUNCTION pg_temp.peek(text);
+RESET ROLE;
+REVOKE ALL ON idempotency.stale_claims FROM idem_monitor;
+REVOKE ALL ON FUNCTION idempotency.owner_alive(int, timestamptz) FROM idem_monitor;
+REVOKE ALL ON SCHEMA idempotency FROM idem_monitor;
+DROP ROLE idem_monitor;

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# examples/run_tests.sh gin|python -- the HTTP test of one example
+#
+# Against the cluster that PGHOST, PGPORT and PGUSER name (scripts/test.sh
+# starts it): makes a database of the example's own (the extension and
+# examples/schema.sql), builds the example (gin: examples/gin/build.sh),
+# starts its server twice on free ports of 127.0.0.1 (the default mapping;
+# the seed's rule, replay 200), drives both with examples/http_test.py, and
+# stops them.  The last line is "<name>: N of M tests passed." (a failure
+# before the requests counts as one failed test).  Exits 1 if anything
+# failed.
+set -euo pipefail
+
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/common.sh"
+
+which=${1:?usage: run_tests.sh gin|python}
+name="$which example (HTTP)"
+here=$REPO_ROOT/examples
+# Debian's own Python: the one python3-psycopg and python3-psycopg-pool are for
+python=/usr/bin/python3
+[[ -n ${PGHOST:-} && -n ${PGPORT:-} ]] || die "PGHOST and PGPORT must name the test cluster"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-example.XXXXXX")
+# The servers' pids, in a file: start_server runs in a command substitution,
+# a subshell whose variables the cleanup would never see.  A server is also
+# started with the flock of scripts/test.sh's caller closed (9>&-), so that
+# even one that outlived us could not hold the lock.
+pidfile=$work/pids
+cleanup() {
+	local pid
+	if [[ -f $pidfile ]]; then
+		while read -r pid; do
+			kill "$pid" 2>/dev/null || true
+		done <"$pidfile"
+		while read -r pid; do
+			for _ in $(seq 1 50); do
+				kill -0 "$pid" 2>/dev/null || break
+				sleep 0.1
+			done
+			kill -KILL "$pid" 2>/dev/null || true
+		done <"$pidfile"
+	fi
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+# did_not_run REASON: count the example as one failed test, and fail.
+did_not_run() {
+	echo "# $name: $*"
+	echo "$name: 0 of 1 tests passed."
+	exit 1
+}
+
+db=idem_example_$which
+psql=("$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1)
+"${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" ||
+	did_not_run "could not create database $db"
+"${psql[@]}" -d "$db" -c 'CREATE EXTENSION idempotency' -f "$here/schema.sql" ||
+	did_not_run "could not set up database $db"
+dsn="host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=$db"
+
+case $which in
+	gin)
+		log "building examples/gin (GOPATH mode, Debian's Go packages)"
+		t0=$SECONDS
+		"$here/gin/build.sh" "$work/idempotency-gin" || did_not_run "the build failed"
+		log "built in $((SECONDS - t0))s"
+		server() { exec "$work/idempotency-gin" -dsn "$dsn" -charge-lease 2s -listen "127.0.0.1:$1" "${@:2}"; }
+		seed_flag=-replay-200
+		;;
+	python)
+		server() { exec "$python" "$here/python/server.py" --dsn "$dsn" --charge-lease 2 --listen "127.0.0.1:$1" "${@:2}"; }
+		seed_flag=--replay-200
+		;;
+	*)
+		die "no example $which"
+		;;
+esac
+
+# start_server LOG [FLAG...]: start the server on a free port, wait until
+# /health answers; prints the port.
+start_server() {
+	local logfile=$1 port try i pid
+	shift
+	for try in 1 2 3; do
+		port=$(free_port)
+		server "$port" "$@" >"$logfile" 2>&1 9>&- &
+		pid=$!
+		echo "$pid" >>"$pidfile"
+		for i in $(seq 1 100); do
+			if "$python" - "$port" <<-'EOF' 2>/dev/null; then
+				import http.client, sys
+				c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=2)
+				c.request("GET", "/health")
+				sys.exit(0 if c.getresponse().status == 200 else 1)
+			EOF
+				echo "$port"
+				return 0
+			fi
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		# It died (the port was taken meanwhile?) or never answered.
+		kill "$pid" 2>/dev/null || true
+		sed 's/^/# /' "$logfile" >&2
+	done
+	return 1
+}
+
+port=$(start_server "$work/server.log") || did_not_run "the server did not start"
+seed_port=$(start_server "$work/server-seed.log" "$seed_flag") || did_not_run "the server (seed's rule) did not start"
+log "$which example: servers on 127.0.0.1:$port and 127.0.0.1:$seed_port (replay 200)"
+
+rc=0
+"$python" "$here/http_test.py" --name "$name" --url "http://127.0.0.1:$port" \
+	--seed-url "http://127.0.0.1:$seed_port" "$dsn" | tee "$work/driver.out" || rc=$?
+if ((rc != 0)); then
+	for f in "$work"/server*.log; do
+		echo "# ---- $(basename "$f"), last 40 lines"
+		tail -n 40 "$f" | sed 's/^/# /'
+	done
+	grep -q "^$name: [0-9]* of [0-9]* tests passed\.$" "$work/driver.out" ||
+		did_not_run "the driver did not finish (exit $rc)"
+fi
+exit "$rc"
