@@ -29,10 +29,12 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # The HTTP examples (examples/) are built from Debian's packages only: the Go
 # compiler and the Go sources of Gin and pgx (GOPATH mode against
 # /usr/share/gocode, nothing downloaded), psycopg 3 and its pool for Python.
+# prometheus-postgres-exporter is the real exporter that t/015_exporter.pl
+# runs against monitoring/idempotency.yaml.
 IDEM_PACKAGES=("postgresql-$IDEM_PG_MAJOR" "postgresql-server-dev-$IDEM_PG_MAJOR"
                "postgresql-$IDEM_PG_MAJOR-cron" make gcc libipc-run-perl pgbouncer
                golang-go golang-github-gin-gonic-gin-dev golang-github-jackc-pgx-v4-dev
-               python3-psycopg python3-psycopg-pool)
+               python3-psycopg python3-psycopg-pool prometheus-postgres-exporter)
 if [[ $IDEM_PG_MAJOR == 15 ]]; then
 	IDEM_PACKAGES+=(postgresql-contrib)
 fi

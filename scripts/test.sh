@@ -86,7 +86,7 @@ run_tap() {
 	local name="TAP (prove)" out rc=0 copy=$IDEM_TMPDIR/tap v10
 	log "$name"
 	mkdir -p "$copy"
-	cp -r "$REPO_ROOT/Makefile" "$REPO_ROOT/t" "$copy/"
+	cp -r "$REPO_ROOT/Makefile" "$REPO_ROOT/t" "$REPO_ROOT/monitoring" "$copy/"
 	chown -R postgres "$copy"
 	v10=$(build_v10_library || true)
 	[[ -n $v10 ]] || log "no 1.0 library built: t/012_upgrade.pl skips its 1.0-library session"
