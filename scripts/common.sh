@@ -105,7 +105,26 @@ install_deps() {
 	log "installing packages: ${missing[*]}"
 	export DEBIAN_FRONTEND=noninteractive
 	run_step "apt-get update" apt-get update -q
-	run_step "apt-get install" apt-get install -y -q "${IDEM_PACKAGES[@]}"
+	# No service of these packages may start: prometheus-postgres-exporter's
+	# would listen on every interface (and Debian's own PostgreSQL cluster is
+	# not ours).  A policy-rc.d that refuses every start, for the install
+	# only, unless the machine has one of its own; then the exporter's
+	# service is disabled for the next boot too.
+	local policy=/usr/sbin/policy-rc.d own_policy=0
+	if [[ ! -e $policy ]]; then
+		printf '#!/bin/sh\n# scripts/common.sh: no service starts during its install\nexit 101\n' >"$policy"
+		chmod 755 "$policy"
+		own_policy=1
+	fi
+	local rc=0
+	(run_step "apt-get install" apt-get install -y -q "${IDEM_PACKAGES[@]}") || rc=$?
+	if ((own_policy)); then
+		rm -f "$policy"
+	fi
+	((rc == 0)) || exit "$rc"
+	if command -v systemctl >/dev/null 2>&1; then
+		systemctl disable --now prometheus-postgres-exporter >/dev/null 2>&1 || true
+	fi
 	[[ -x $PG_CONFIG ]] || die "$PG_CONFIG missing after install"
 }
 
