@@ -964,12 +964,13 @@ idem_records_extend(Relation parent, const IdemRecord *rec, text *scope,
 }
 
 /*
- * Turn a processing record into completed with its response.
+ * Write a record completed at now: a processing record with its response
+ * (status not NULL), or a consumed one-time token (status NULL, no body).
  */
-void
-idem_records_complete(Relation parent, const IdemRecord *rec, text *scope,
-					  text *key, int32 status, Datum body, bool body_null,
-					  TimestampTz now)
+static void
+idem_update_completed(Relation parent, const IdemRecord *rec, text *scope,
+					  text *key, const int32 *status, Datum body,
+					  bool body_null, TimestampTz now)
 {
 	Datum		values[IDEM_NCOLUMNS];
 	bool		nulls[IDEM_NCOLUMNS];
@@ -977,13 +978,28 @@ idem_records_complete(Relation parent, const IdemRecord *rec, text *scope,
 	idem_prepare_write(parent, ACL_UPDATE);
 	idem_record_columns(rec, scope, key, values, nulls);
 	values[COL_STATUS] = CStringGetTextDatum("completed");
-	values[COL_RESPONSE_STATUS] = Int32GetDatum(status);
-	nulls[COL_RESPONSE_STATUS] = false;
-	values[COL_RESPONSE_BODY] = body;
-	nulls[COL_RESPONSE_BODY] = body_null;
+	if (status != NULL)
+	{
+		values[COL_RESPONSE_STATUS] = Int32GetDatum(*status);
+		nulls[COL_RESPONSE_STATUS] = false;
+		values[COL_RESPONSE_BODY] = body;
+		nulls[COL_RESPONSE_BODY] = body_null;
+	}
 	values[COL_COMPLETED_AT] = TimestampTzGetDatum(now);
 	nulls[COL_COMPLETED_AT] = false;
 	idem_update(rec, values, nulls);
+}
+
+/*
+ * Turn a processing record into completed with its response.
+ */
+void
+idem_records_complete(Relation parent, const IdemRecord *rec, text *scope,
+					  text *key, int32 status, Datum body, bool body_null,
+					  TimestampTz now)
+{
+	idem_update_completed(parent, rec, scope, key, &status, body, body_null,
+						  now);
 }
 
 /*
@@ -993,15 +1009,7 @@ void
 idem_records_consume(Relation parent, const IdemRecord *rec, text *scope,
 					 text *key, TimestampTz now)
 {
-	Datum		values[IDEM_NCOLUMNS];
-	bool		nulls[IDEM_NCOLUMNS];
-
-	idem_prepare_write(parent, ACL_UPDATE);
-	idem_record_columns(rec, scope, key, values, nulls);
-	values[COL_STATUS] = CStringGetTextDatum("completed");
-	values[COL_COMPLETED_AT] = TimestampTzGetDatum(now);
-	nulls[COL_COMPLETED_AT] = false;
-	idem_update(rec, values, nulls);
+	idem_update_completed(parent, rec, scope, key, NULL, (Datum) 0, true, now);
 }
 
 /*

@@ -699,6 +699,24 @@ idem_stats_count_datum(uint64 value)
 }
 
 /*
+ * Start a set-returning function that reads the statistics: check that
+ * they are kept, set up its result of natts columns, and sum every
+ * database's counters into *totals; returns the number of databases.
+ */
+static int
+idem_stats_begin(FunctionCallInfo fcinfo, int natts, IdemStatsTotals **totals)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	idem_stats_require();
+	InitMaterializedSRF(fcinfo, 0);
+	if (rsinfo->setDesc->natts != natts)
+		elog(ERROR, "function returns %d columns where the idempotency library returns %d",
+			 rsinfo->setDesc->natts, natts);
+	return idem_stats_collect(totals);
+}
+
+/*
  * idem_stats() returns table (datname, acquired, taken_over, replayed,
  *		mismatched, in_progress, completed, released, waits, wait_time,
  *		tokens_issued, tokens_consumed, acquire_duration_sum,
@@ -716,12 +734,7 @@ idem_stats(PG_FUNCTION_ARGS)
 	int			n;
 	int			i;
 
-	idem_stats_require();
-	InitMaterializedSRF(fcinfo, 0);
-	if (rsinfo->setDesc->natts != 15)
-		elog(ERROR, "idem_stats: wrong number of result columns");
-
-	n = idem_stats_collect(&totals);
+	n = idem_stats_begin(fcinfo, 15, &totals);
 	for (i = 0; i < n; i++)
 	{
 		Datum		values[15];
@@ -769,12 +782,7 @@ idem_acquire_histogram(PG_FUNCTION_ARGS)
 	int			n;
 	int			i;
 
-	idem_stats_require();
-	InitMaterializedSRF(fcinfo, 0);
-	if (rsinfo->setDesc->natts != 3)
-		elog(ERROR, "idem_acquire_histogram: wrong number of result columns");
-
-	n = idem_stats_collect(&totals);
+	n = idem_stats_begin(fcinfo, 3, &totals);
 	for (i = 0; i < n; i++)
 	{
 		char	   *datname = get_database_name(totals[i].dboid);
