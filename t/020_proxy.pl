@@ -117,6 +117,7 @@ my ($d_ret, $d_out, $d_err) = $direct->psql('postgres', $contract, on_error_stop
 # PL/Proxy reports that it drops the connection that an error left
 # behind, on the next call to that shard (NOTICE "dropping stale conn")
 (my $r_errors = $r_err) =~ s/^psql:<stdin>:\d+: NOTICE:  00000\n?//mg;
+$r_errors =~ s/\n\z//;
 is($r_out, $d_out, 'the contract through the router: the same results as direct');
 is($r_errors, $d_err, 'the same errors (SQLSTATEs) as direct');
 like($d_out, qr/^acquired\|<null>\|<null>\|1\|t\|<null>\|t$/m,
