@@ -20,6 +20,9 @@
 -- transaction does afterwards.  So the router offers the across-
 -- transactions mode (lease, claim); session-bound claims raise 0A000.
 --
+-- Errors: what a shard raises comes back with its SQLSTATE; a shard that
+-- cannot be reached (PL/Proxy's XX000) is reported as 08006.
+--
 -- Placement: idempotency.cluster_state (one row) holds the partitions'
 -- connection strings as the helpers wrote them into the SQL/MED server
 -- idempotency_cluster, and, while a growth is under way, the previous
@@ -375,6 +378,15 @@ BEGIN
     END IF;
 
     RETURN QUERY SELECT * FROM idempotency.px_acquire(false, h, key, request, scope, ttl, lease, session_bound);
+EXCEPTION WHEN internal_error THEN
+    -- PL/Proxy reports a shard it cannot reach as XX000: say what it is
+    IF SQLERRM ~ '(PQconnectPoll|PQconnectStart|PQconsumeInput|PQflush|PQsendQuery|connect timeout|query timeout)' THEN
+        RAISE EXCEPTION 'idempotency shard unavailable'
+            USING ERRCODE = 'connection_failure',
+                  DETAIL = SQLERRM,
+                  HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    RAISE;
 END
 $$;
 
@@ -409,6 +421,15 @@ DECLARE
 BEGIN
     RETURN idempotency.px_complete(idempotency.record_is_previous(idempotency.placement(), h, key, scope),
                                    h, key, response_status, response_body, scope, attempt, claim);
+EXCEPTION WHEN internal_error THEN
+    -- PL/Proxy reports a shard it cannot reach as XX000: say what it is
+    IF SQLERRM ~ '(PQconnectPoll|PQconnectStart|PQconsumeInput|PQflush|PQsendQuery|connect timeout|query timeout)' THEN
+        RAISE EXCEPTION 'idempotency shard unavailable'
+            USING ERRCODE = 'connection_failure',
+                  DETAIL = SQLERRM,
+                  HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    RAISE;
 END
 $$;
 
@@ -426,6 +447,15 @@ DECLARE
 BEGIN
     RETURN idempotency.px_release(idempotency.record_is_previous(idempotency.placement(), h, key, scope),
                                   h, key, scope, attempt, claim);
+EXCEPTION WHEN internal_error THEN
+    -- PL/Proxy reports a shard it cannot reach as XX000: say what it is
+    IF SQLERRM ~ '(PQconnectPoll|PQconnectStart|PQconsumeInput|PQflush|PQsendQuery|connect timeout|query timeout)' THEN
+        RAISE EXCEPTION 'idempotency shard unavailable'
+            USING ERRCODE = 'connection_failure',
+                  DETAIL = SQLERRM,
+                  HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    RAISE;
 END
 $$;
 
@@ -444,6 +474,15 @@ BEGIN
     lease := COALESCE(lease, idempotency.router_default('default_lease', '60s'));
     RETURN idempotency.px_extend(idempotency.record_is_previous(idempotency.placement(), h, key, scope),
                                  h, key, scope, claim, lease);
+EXCEPTION WHEN internal_error THEN
+    -- PL/Proxy reports a shard it cannot reach as XX000: say what it is
+    IF SQLERRM ~ '(PQconnectPoll|PQconnectStart|PQconsumeInput|PQflush|PQsendQuery|connect timeout|query timeout)' THEN
+        RAISE EXCEPTION 'idempotency shard unavailable'
+            USING ERRCODE = 'connection_failure',
+                  DETAIL = SQLERRM,
+                  HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    RAISE;
 END
 $$;
 
@@ -465,6 +504,15 @@ BEGIN
     IF NOT FOUND AND idempotency.moved(st, h) THEN
         RETURN QUERY SELECT * FROM idempotency.px_lookup(true, h, key, scope);
     END IF;
+EXCEPTION WHEN internal_error THEN
+    -- PL/Proxy reports a shard it cannot reach as XX000: say what it is
+    IF SQLERRM ~ '(PQconnectPoll|PQconnectStart|PQconsumeInput|PQflush|PQsendQuery|connect timeout|query timeout)' THEN
+        RAISE EXCEPTION 'idempotency shard unavailable'
+            USING ERRCODE = 'connection_failure',
+                  DETAIL = SQLERRM,
+                  HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    RAISE;
 END
 $$;
 
@@ -514,6 +562,15 @@ BEGIN
     PERFORM idempotency.placement();
     ttl := COALESCE(ttl, idempotency.router_default('default_ttl', '24h'));
     RETURN idempotency.px_token_issue(h, scope, ttl) || idempotency.token_tag(h);
+EXCEPTION WHEN internal_error THEN
+    -- PL/Proxy reports a shard it cannot reach as XX000: say what it is
+    IF SQLERRM ~ '(PQconnectPoll|PQconnectStart|PQconsumeInput|PQflush|PQsendQuery|connect timeout|query timeout)' THEN
+        RAISE EXCEPTION 'idempotency shard unavailable'
+            USING ERRCODE = 'connection_failure',
+                  DETAIL = SQLERRM,
+                  HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    RAISE;
 END
 $$;
 
@@ -540,6 +597,15 @@ BEGIN
         ok := idempotency.px_token_consume(true, h, shard_token, scope);
     END IF;
     RETURN ok;
+EXCEPTION WHEN internal_error THEN
+    -- PL/Proxy reports a shard it cannot reach as XX000: say what it is
+    IF SQLERRM ~ '(PQconnectPoll|PQconnectStart|PQconsumeInput|PQflush|PQsendQuery|connect timeout|query timeout)' THEN
+        RAISE EXCEPTION 'idempotency shard unavailable'
+            USING ERRCODE = 'connection_failure',
+                  DETAIL = SQLERRM,
+                  HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    RAISE;
 END
 $$;
 

@@ -7,6 +7,9 @@
 #     and on a plain node prints the same;
 #   - session_bound => true raises 0A000 through the router; the router
 #     refuses CREATE EXTENSION idempotency, and the other way round;
+#   - an application role with README's grants works through the router;
+#     PL/Proxy connects as that role, so the shards' grants apply (42501);
+#   - the router passes its own default ttl and lease;
 #   - 8 clients x the same 150 keys: exactly one acquired per key, the rest
 #     replay or in_progress, one record per key in the whole cluster;
 #   - the in-transaction pattern: an endpoint function on the shards, routed
@@ -15,7 +18,7 @@
 #     +-10% of a quarter each, each on the shard its hash names;
 #   - statistics and maintenance sum the shards; 3 servers mapped over 64
 #     partitions count each server once;
-#   - a shard stopped: its keys fail with a connection error naming it, the
+#   - a shard stopped: its keys fail with 08006 naming the server, the
 #     others keep working; back up, nothing is lost.
 
 use strict;
@@ -143,6 +146,55 @@ like($err, qr/cannot be created in a database that has extension "idempotency_pr
 ($state, $out, $err) = sqlstate_of_psql($shards[0], 'postgres',
 	'CREATE EXTENSION idempotency_proxy CASCADE');
 is($state, '42710', 'and idempotency_proxy beside idempotency too');
+
+# An application role with the grants README gives, on the router and on
+# the shards; PL/Proxy connects to the shards as that role
+$_->safe_psql('postgres', q{
+CREATE ROLE app LOGIN;
+GRANT USAGE ON SCHEMA idempotency TO app;
+GRANT EXECUTE ON FUNCTION
+    idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean),
+    idempotency.idem_complete(text, int, jsonb, text, int, uuid),
+    idempotency.idem_release(text, text, int, uuid),
+    idempotency.idem_extend(text, text, uuid, interval),
+    idempotency.idem_lookup(text, text),
+    idempotency.idem_request_hash(jsonb),
+    idempotency.idem_token_issue(text, interval),
+    idempotency.idem_token_consume(text, text)
+    TO app;
+GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.records TO app;}) for @shards;
+$router->safe_psql('postgres', q{
+CREATE ROLE app LOGIN;
+CREATE ROLE stranger LOGIN;
+GRANT USAGE ON SCHEMA idempotency TO app, stranger;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA idempotency TO app;
+GRANT SELECT ON idempotency.cluster_state TO app;
+GRANT USAGE ON FOREIGN SERVER idempotency_cluster TO app;});
+($state, $out, $err) = sqlstate_of_psql($router, 'postgres', q{
+SELECT claim AS c FROM idempotency.idem_acquire('priv1', '{}', 'app', lease => '10s') \gset
+SELECT idempotency.idem_complete('priv1', 200, '{}', 'app', claim => :'c');
+SELECT outcome FROM idempotency.idem_acquire('priv1', '{}', 'app');
+SELECT idempotency.idem_token_consume(idempotency.idem_token_issue('app'), 'app');
+SELECT current_user;}, extra_params => [ '-U', 'app' ]);
+is("$state\n$out", "ok\nt\nreplay\nt\napp",
+	'an application role with the README grants works through the router');
+$_->safe_psql('postgres', 'CREATE ROLE halfway LOGIN') for @shards;
+$router->safe_psql('postgres', q{
+CREATE ROLE halfway LOGIN;
+GRANT USAGE ON SCHEMA idempotency TO halfway;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA idempotency TO halfway;
+GRANT SELECT ON idempotency.cluster_state TO halfway;
+GRANT USAGE ON FOREIGN SERVER idempotency_cluster TO halfway;});
+($state, $out, $err) = sqlstate_of_psql($router, 'postgres',
+	q{SELECT * FROM idempotency.idem_acquire('priv2')},
+	extra_params => [ '-U', 'halfway', '-v', 'VERBOSITY=verbose' ]);
+is($state, '42501',
+	'a role with the router grants but none on the shards gets 42501 from the shard (PL/Proxy connects as the caller)');
+($state, $out, $err) = sqlstate_of_psql($router, 'postgres',
+	q{SELECT * FROM idempotency.idem_acquire('priv2')},
+	extra_params => [ '-U', 'stranger', '-v', 'VERBOSITY=verbose' ]);
+is($state, '42501', 'a role without the router grants gets 42501')
+  or diag $err;
 
 # the router's defaults travel with each call
 $router->safe_psql('postgres',
@@ -347,14 +399,17 @@ for my $k (@live)
 	if ($home{$k} eq '2')
 	{
 		my $port = $shards[2]->port;
-		$fail_ok++ if $state ne 'ok' && $err =~ /connection to server at "127\.0\.0\.1", port $port failed/;
+		$fail_ok++
+		  if $state eq '08006'
+		  && $err =~ /idempotency shard unavailable/
+		  && $err =~ /DETAIL:  .*connection to server at "127\.0\.0\.1", port $port failed/;
 	}
 	else
 	{
 		$work_ok++ if $state eq 'ok' && $out eq "replay|{\"k\": \"$k\"}";
 	}
 }
-is($fail_ok, scalar(@on2), 'shard 2 stopped: each of its keys fails with a connection error naming it');
+is($fail_ok, scalar(@on2), 'shard 2 stopped: each of its keys fails with 08006 (connection_failure) naming the server');
 is($work_ok, 40 - @on2, 'every other key keeps working (replay)');
 my $newkey = $router->safe_psql('postgres',
 	q{SELECT 'new' || i FROM generate_series(1, 100) i
