@@ -516,6 +516,34 @@ EXCEPTION WHEN internal_error THEN
 END
 $$;
 
+-- key_cluster(scope, key, margin): the cluster on which to run an
+-- application's own routed endpoint for this key (CLUSTER
+-- idempotency.key_cluster(...); RUN ON idempotency.key_hash(...)).  The
+-- previous placement while it holds the key's live record, else the
+-- current one.  A record with less than margin left to live counts as
+-- gone: the endpoint then runs on the key's new server, while one sent to
+-- the previous server just before still finds the record there (so margin
+-- must exceed the endpoint's run time); the record's last margin of life
+-- is lost, instead of two concurrent runs at its expiry.
+CREATE FUNCTION idempotency.key_cluster(scope text, key text,
+    margin interval DEFAULT '1 minute')
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    st  idempotency.cluster_state := idempotency.placement();
+    h   int := idempotency.key_hash(scope, key);
+BEGIN
+    IF idempotency.moved(st, h)
+       AND EXISTS (SELECT FROM idempotency.px_lookup(true, h, key, scope) l
+                    WHERE l.expires_at > clock_timestamp() + margin) THEN
+        RETURN 'idempotency_cluster_previous';
+    END IF;
+    RETURN 'idempotency_cluster';
+END
+$$;
+
 -- As on the shards: SHA-256 of jsonb's canonical text.
 CREATE FUNCTION idempotency.idem_request_hash(request jsonb)
 RETURNS bytea

@@ -291,7 +291,7 @@ CREATE SCHEMA app;
 CREATE FUNCTION app.pay(key text, user_id int, amount int,
                         OUT status int, OUT body jsonb)
 LANGUAGE plproxy AS $$
-    CLUSTER 'idempotency_cluster';
+    CLUSTER idempotency.key_cluster('user:' || user_id || '/payments', key);
     RUN ON idempotency.key_hash('user:' || user_id || '/payments', key);
 $$;});
 @scripts = ();

@@ -12,6 +12,8 @@
 #     them there, a released key is claimed afresh on its new shard, the
 #     expired lease is taken over once among 8 racing clients, every token
 #     is consumed exactly once;
+#   - an application endpoint on the shards, routed with key_cluster(),
+#     replays the 40 payments made before the growth and makes none twice;
 #   - cluster_growth_finish() is refused while the previous shards hold
 #     live records of moved keys, and succeeds once they have expired.
 
@@ -73,6 +75,41 @@ my @stale = grep { moved('g', $_) } map { "stale$_" } 1 .. 20;
 q1("SELECT count(*) FROM idempotency.idem_acquire('$_', NULL, 'g', ttl => '40s', lease => '0.5s')")
   for @stale;
 my @tokens = map { q1("SELECT idempotency.idem_token_issue('form', '40s')") } 1 .. 30;
+
+# An application's own endpoint, in one shard transaction (README), routed
+# by idempotency.key_cluster() so that it follows its key's record
+for my $s (@shards)
+{
+	$s->safe_psql('postgres', q{
+CREATE SCHEMA app;
+CREATE TABLE app.payments (id bigserial PRIMARY KEY, idempotency_key text NOT NULL);
+CREATE FUNCTION app.pay(key text, OUT status int, OUT body jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    a record;
+    pid bigint;
+BEGIN
+    SELECT * INTO a FROM idempotency.idem_acquire(key, NULL, 'pay', ttl => '40s');
+    IF a.outcome = 'acquired' THEN
+        INSERT INTO app.payments (idempotency_key) VALUES (key) RETURNING id INTO pid;
+        status := 201;
+        body := jsonb_build_object('payment', pid, 'shard', current_setting('port'));
+        PERFORM idempotency.idem_complete(key, status, body, 'pay');
+    ELSE
+        status := coalesce(a.response_status, 409);
+        body := a.response_body;
+    END IF;
+END
+$$;});
+}
+q1(q{
+CREATE SCHEMA app;
+CREATE FUNCTION app.pay(key text, OUT status int, OUT body jsonb)
+LANGUAGE plproxy AS $$
+    CLUSTER idempotency.key_cluster('pay', key, '5s');
+    RUN ON idempotency.key_hash('pay', key);
+$$;});
+my %paid = map { $_ => q1("SELECT status, body FROM app.pay('p$_')") } 1 .. 40;
 
 my @moved_done = grep { moved('g', $_) } @done;
 ok(@moved_done > 10 && @moved_done < 50,
@@ -180,6 +217,18 @@ is($true, 30, 'every token issued before the growth is consumed exactly once');
 my $t_new = q1("SELECT idempotency.idem_token_issue('form')");
 is(q1("SELECT idempotency.idem_token_consume('$t_new', 'form')") . q1("SELECT idempotency.idem_token_consume('$t_new', 'form')"),
 	'tf', 'a token issued after the growth too');
+
+# the endpoint after the growth: every payment made before replays
+my @moved_pay = grep { moved('pay', "p$_") } 1 .. 40;
+ok(@moved_pay > 0, scalar(@moved_pay) . ' of 40 paid keys moved');
+is(scalar(grep { q1("SELECT status, body FROM app.pay('p$_')") eq $paid{$_} } 1 .. 40),
+	40, 'the routed endpoint: each of 40 payments made before the growth replays the same payment');
+my $pays = 0;
+$pays += $_->safe_psql('postgres', 'SELECT count(*) FROM app.payments') for @shards;
+is($pays, 40, 'no payment was made twice');
+q1("SELECT status FROM app.pay('q$_')") for 1 .. 20;
+is(scalar(grep { where('pay', "q$_") eq q1("SELECT idempotency.key_hash('pay', 'q$_') & 3") } 1 .. 20),
+	20, 'new keys are paid on their new shards');
 
 # ------------------------------------------------------------------
 # Closing the window
