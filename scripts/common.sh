@@ -30,9 +30,11 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # compiler and the Go sources of Gin and pgx (GOPATH mode against
 # /usr/share/gocode, nothing downloaded), psycopg 3 and its pool for Python.
 # prometheus-postgres-exporter is the real exporter that t/015_exporter.pl
-# runs against monitoring/idempotency.yaml.
+# runs against monitoring/idempotency.yaml.  postgresql-N-plproxy is for
+# idempotency_proxy (proxy/) and t/020_proxy*.pl.
 IDEM_PACKAGES=("postgresql-$IDEM_PG_MAJOR" "postgresql-server-dev-$IDEM_PG_MAJOR"
-               "postgresql-$IDEM_PG_MAJOR-cron" make gcc libipc-run-perl pgbouncer
+               "postgresql-$IDEM_PG_MAJOR-cron" "postgresql-$IDEM_PG_MAJOR-plproxy"
+               make gcc libipc-run-perl pgbouncer
                golang-go golang-github-gin-gonic-gin-dev golang-github-jackc-pgx-v4-dev
                python3-psycopg python3-psycopg-pool prometheus-postgres-exporter)
 if [[ $IDEM_PG_MAJOR == 15 ]]; then
@@ -142,6 +144,8 @@ build_install() {
 		[[ $IDEM_QUIET == 1 ]] && grep 'warning:' <<<"$out"
 	fi
 	run_step "make install" make -C "$REPO_ROOT" PG_CONFIG="$PG_CONFIG" install
+	# the router side of scale-out (SQL only), for t/020_proxy*.pl
+	run_step "make install (proxy/)" make -C "$REPO_ROOT/proxy" PG_CONFIG="$PG_CONFIG" install
 }
 
 # _idem_port_in_use PORT: true if a TCP socket of this machine uses PORT.
