@@ -1,7 +1,7 @@
 -- bench/setup.sql -- tables of the benchmark (run by bench/run.sh with psql)
 --
--- psql variables: req (the request JSON), resp (the response JSON),
--- nrep (how many completed records every replay case draws from).
+-- No psql variables.  The replay sets are loaded afterwards, and again for
+-- another --spread, by bench/replay_set.sql.
 --
 -- Every replay key is md5('r' || i), i = 1..nrep; the new-key cases make
 -- md5(<case>-<client>-<n>) keys.  md5 hex keys are the length of a UUID
@@ -46,37 +46,3 @@ CREATE TABLE bench.idempotency_records (
 CREATE SEQUENCE bench.hot_seq;
 
 \ir plpgsql_idem.sql
-
--- The replay set: nrep completed records in each of the four tables, with
--- expires_at spread evenly over the next :spread (bench/run.sh --spread).
-CREATE TEMP TABLE replay_set AS
-SELECT md5('r' || i) AS key,
-       now() - interval '1 minute' AS created_at,
-       now() + interval '1 hour' + (i % 1000) * (:'spread'::interval / 1000) AS expires_at
-  FROM generate_series(1, :nrep) i;
-
-INSERT INTO bench.floor (scope, key, status, request_hash, response_status,
-                         response_body, created_at, completed_at, expires_at)
-SELECT '', s.key, 'completed', sha256(convert_to((:'req'::jsonb)::text, 'UTF8')), 201,
-       :'resp'::jsonb, s.created_at, s.created_at, s.expires_at
-  FROM replay_set s;
-
-INSERT INTO bench.idempotency_records (idempotency_key, request_hash, status,
-                                       response_status, response_body, expires_at)
-SELECT s.key, encode(sha256(convert_to((:'req'::jsonb)::text, 'UTF8')), 'hex'),
-       'COMPLETED', 201, :'resp'::jsonb, s.expires_at
-  FROM replay_set s;
-
-INSERT INTO plidem.records (scope, key, status, request_hash, response_status,
-                            response_body, created_at, completed_at, expires_at)
-SELECT '', s.key, 'completed', sha256(convert_to((:'req'::jsonb)::text, 'UTF8')), 201,
-       :'resp'::jsonb, s.created_at, s.created_at, s.expires_at
-  FROM replay_set s;
-
-INSERT INTO idempotency.records (scope, key, status, request_hash, response_status,
-                                 response_body, created_at, completed_at, expires_at)
-SELECT '', s.key, 'completed', idempotency.idem_request_hash(:'req'::jsonb), 201,
-       :'resp'::jsonb, s.created_at, s.created_at, s.expires_at
-  FROM replay_set s;
-
-VACUUM ANALYZE bench.floor, bench.idempotency_records, plidem.records, idempotency.records;

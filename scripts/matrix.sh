@@ -33,6 +33,10 @@
 # --results FILE: append one line per major, "MAJOR PASSED FAILED SKIPPED
 # SECONDS NOTE...", for scripts/test.sh's summary.  Exits 1 if a test failed
 # (or a build had warnings), else 0.
+#
+# Sourced (bench/run.sh --pg does), it only defines its functions and runs
+# nothing: mx_init, then mx_enter MAJOR, which locks, makes or refreshes and
+# mounts MAJOR's root with a copy of this tree in its /build, and mx_leave.
 set -euo pipefail
 
 # shellcheck source=scripts/common.sh
@@ -49,31 +53,15 @@ declare -A MATRIX_SUITE=(
 )
 MATRIX_MAJORS=(17 18)
 
+# --results FILE of the command line (mx_result).
 results_file=
-while (($# > 0)); do
-	case $1 in
-		--results)
-			results_file=$2
-			shift 2
-			;;
-		-h | --help)
-			sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
-			exit 0
-			;;
-		*)
-			break
-			;;
-	esac
-done
-if (($# > 0)); then
-	MATRIX_MAJORS=("$@")
-fi
-((EUID == 0)) || die "scripts/matrix.sh needs root (debootstrap, chroot, mount)"
 
 # Mount points made by this script, in the order they were made.
 MX_MOUNTS=()
 # The root in use, whose processes are ended before its mounts go.
 MX_ROOT=
+# The descriptor of the lock on the root in use (mx_enter, mx_leave).
+MX_LOCK_FD=
 
 # mx_mounts_under DIR: the mount points at or below DIR, deepest first.
 mx_mounts_under() {
@@ -145,10 +133,16 @@ _mx_on_exit() {
 	fi
 	exit "$status"
 }
-trap _mx_on_exit EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
+
+# mx_init: this run's temporary folder ($MX_TMP) and the traps that unmount
+# and clean up on exit, whatever happens.
+mx_init() {
+	MX_TMP=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-matrix.XXXXXX")
+	trap _mx_on_exit EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+	trap 'exit 129' HUP
+}
 
 # mx_mount ROOT: what a server and apt need inside ROOT: /proc, device nodes
 # (debootstrap makes them; where it could not, a tmpfs /dev with the few
@@ -338,21 +332,21 @@ mx_result() {
 	fi
 }
 
-# mx_run_major MAJOR: build and test in MAJOR's root; records the result.
-mx_run_major() {
-	local major=$1 t0 root reason rc=0 out passed failed skipped warnings note='' lock_fd v10
-	t0=$(date +%s)
-	log "======== PostgreSQL $major ========"
-	# One run at a time builds or uses a root.
+# mx_enter MAJOR: take MAJOR's root for this run: lock it (one run at a time
+# builds or uses a root), make sure it is there and fresh (mx_root), put a
+# copy of this tree without build products in its /build (and the 1.0
+# sources in /build/.v10), and mount what a server needs (mx_mount).  The
+# root's folder is then in $MX_TMP/root.  Returns 1, with the reason in
+# $MX_TMP/reason and the lock released, if there is no root to use.
+# mx_leave gives the root back.
+mx_enter() {
+	local major=$1 root v10
 	mkdir -p "$MATRIX_CACHE"
-	exec {lock_fd}>"$MATRIX_CACHE/pg$major.lock"
-	flock -w 3600 "$lock_fd" || die "could not lock $MATRIX_CACHE/pg$major.lock"
+	exec {MX_LOCK_FD}>"$MATRIX_CACHE/pg$major.lock"
+	flock -w 3600 "$MX_LOCK_FD" || die "could not lock $MATRIX_CACHE/pg$major.lock"
 	if ! mx_root "$major"; then
-		reason=$(cat "$MX_TMP/reason")
-		log "PostgreSQL $major: SKIPPED: $reason"
-		mx_result "$major" 0 0 "$(mx_count_tests)" $(($(date +%s) - t0)) "skipped: $reason"
-		exec {lock_fd}>&-
-		return 0
+		mx_leave
+		return 1
 	fi
 	root=$(cat "$MX_TMP/root")
 
@@ -373,6 +367,31 @@ mx_run_major() {
 	fi
 
 	mx_mount "$root"
+}
+
+# mx_leave: end what still runs in the root in use, unmount what was
+# mounted, release the root's lock.
+mx_leave() {
+	mx_cleanup
+	if [[ -n $MX_LOCK_FD ]]; then
+		exec {MX_LOCK_FD}>&-
+		MX_LOCK_FD=
+	fi
+}
+
+# mx_run_major MAJOR: build and test in MAJOR's root; records the result.
+mx_run_major() {
+	local major=$1 t0 root reason rc=0 out passed failed skipped warnings note=''
+	t0=$(date +%s)
+	log "======== PostgreSQL $major ========"
+	if ! mx_enter "$major"; then
+		reason=$(cat "$MX_TMP/reason")
+		log "PostgreSQL $major: SKIPPED: $reason"
+		mx_result "$major" 0 0 "$(mx_count_tests)" $(($(date +%s) - t0)) "skipped: $reason"
+		return 0
+	fi
+	root=$(cat "$MX_TMP/root")
+
 	out=$MATRIX_CACHE/pg$major-test.log
 	log "PostgreSQL $major: scripts/test.sh in $root (output prefixed [pg$major], kept in $out)"
 	timeout -k 60 "$MATRIX_TIMEOUT" chroot "$root" /usr/bin/env -i \
@@ -381,8 +400,7 @@ mx_run_major() {
 		IDEM_PG_MAJOR="$major" IDEM_MATRIX=0 IDEM_V10_SRC=/build/.v10 \
 		bash /build/scripts/test.sh 2>&1 </dev/null |
 		tee "$out" | sed -u "s/^/[pg$major] /" || rc=$?
-	mx_cleanup
-	exec {lock_fd}>&-
+	mx_leave
 
 	# The suite's own closing line: "tests: N passed, N failed, N skipped".
 	passed=0 failed=0 skipped=0
@@ -408,7 +426,31 @@ mx_run_major() {
 	((failed == 0))
 }
 
-MX_TMP=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-matrix.XXXXXX")
+# Sourced: the functions only.
+if [[ ${BASH_SOURCE[0]} != "$0" ]]; then
+	return 0
+fi
+
+while (($# > 0)); do
+	case $1 in
+		--results)
+			results_file=$2
+			shift 2
+			;;
+		-h | --help)
+			sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+			exit 0
+			;;
+		*)
+			break
+			;;
+	esac
+done
+if (($# > 0)); then
+	MATRIX_MAJORS=("$@")
+fi
+((EUID == 0)) || die "scripts/matrix.sh needs root (debootstrap, chroot, mount)"
+mx_init
 MX_SUMMARY=$MX_TMP/summary
 : >"$MX_SUMMARY"
 status=0
