@@ -11,7 +11,8 @@ OBJS = \
 	$(WIN32RES) \
 	idempotency.o \
 	records.o \
-	stats.o
+	stats.o \
+	filter.o
 
 EXTENSION = idempotency
 DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql

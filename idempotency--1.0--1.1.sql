@@ -6,8 +6,8 @@
 --
 -- Version 1.1: fenced claims (claim, retry_after, idem_extend),
 -- session-bound claims, statistics (with the library preloaded), daily
--- reconciliation, stale claims and one-time tokens (see README.md,
--- "Upgrading", for how to run this).
+-- reconciliation, stale claims, one-time tokens and known-absent filters
+-- (see README.md, "Upgrading", for how to run this).
 --
 -- idem_acquire, idem_complete, idem_release and idem_lookup change their
 -- parameters or result columns, so they are dropped and created again, bound
@@ -394,6 +394,44 @@ END
 $$;
 
 --
+-- Known-absent filters (with the library preloaded and idempotency.filters
+-- above zero; see filter.c): a filter per live partition in shared memory
+-- lets idem_acquire rule a new key out of a partition without descending
+-- its index.  Every insert must add its key to the filter first: the C
+-- path does so itself, every other path (SQL INSERT, COPY, UPDATE, logical
+-- replication apply) through this trigger.  It is named to fire last among
+-- the BEFORE ROW triggers (a later one could change the key; the trigger
+-- checks and invalidates the filter if one does) and is ENABLE ALWAYS, so
+-- that it also fires where session_replication_role is replica.  Cloned to
+-- every partition, those maintenance attaches later included.
+--
+CREATE FUNCTION idempotency.records_note_key()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_records_note_key'
+LANGUAGE C;
+
+CREATE TRIGGER zz_records_filter
+    BEFORE INSERT OR UPDATE ON idempotency.records
+    FOR EACH ROW EXECUTE FUNCTION idempotency.records_note_key();
+
+ALTER TABLE idempotency.records ENABLE ALWAYS TRIGGER zz_records_filter;
+
+CREATE FUNCTION idempotency.build_filters()
+RETURNS int
+AS 'MODULE_PATHNAME', 'idem_build_filters'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency.idem_filters(
+    OUT partition       regclass,
+    OUT state           text,
+    OUT size_bytes      bigint,
+    OUT bits_set        bigint,
+    OUT estimated_keys  bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_filters_sql'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+
+--
 -- idem_maintain() gains the daily reconciliation.  1.0's function keeps its
 -- body as idempotency.maintain_partitions(); the new one runs
 -- record_daily() first, so that the ACCESS EXCLUSIVE lock partition work
@@ -418,6 +456,17 @@ BEGIN
     END;
     RETURN QUERY SELECT m.partitions_created, m.partitions_dropped
                    FROM idempotency.maintain_partitions() m;
+    -- The filters of partitions made or left without one (a failure is a
+    -- WARNING: the filters only save work).
+    IF pg_catalog.current_setting('idempotency.filters', true)
+       OPERATOR(pg_catalog.<>) '0' THEN
+        BEGIN
+            PERFORM idempotency.build_filters();
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'idempotency maintenance could not build the filters: %', SQLERRM
+                USING ERRCODE = SQLSTATE;
+        END;
+    END IF;
 END
 $$;
 
@@ -436,6 +485,8 @@ REVOKE ALL ON FUNCTION idempotency.idem_stats_enabled() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.owner_alive(int, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.record_daily() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.idem_maintain() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.build_filters() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_filters() FROM PUBLIC;
 
 --
 -- Grant on each new function what was granted on the old one.  idem_extend

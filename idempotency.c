@@ -270,6 +270,9 @@ _PG_init(void)
 	/* the statistics' settings, and their shared memory if preloaded */
 	idem_stats_init();
 
+	/* the known-absent filters' settings and hooks, if preloaded */
+	idem_filter_init();
+
 	MarkGUCPrefixReserved("idempotency");
 
 	idem_records_init();

@@ -5,7 +5,8 @@
  *
  * idempotency.c holds the SQL-callable functions and the claim protocol;
  * records.c holds the storage access to idempotency.records; stats.c the
- * statistics in shared memory.
+ * statistics in shared memory; filter.c the per-partition known-absent
+ * filters in shared memory.
  *
  * IDENTIFICATION
  *	  idempotency.h
@@ -17,6 +18,7 @@
 
 #include "access/htup.h"
 #include "datatype/timestamp.h"
+#include "nodes/pg_list.h"
 #include "port/atomics.h"
 #include "portability/instr_time.h"
 #include "storage/itemptr.h"
@@ -107,6 +109,15 @@ extern void idem_records_complete(Relation parent, const IdemRecord *rec,
 extern void idem_records_consume(Relation parent, const IdemRecord *rec,
 								 text *scope, text *key, TimestampTz now);
 extern void idem_records_delete(Relation parent, const IdemRecord *rec);
+extern List *idem_records_live_partitions(Relation parent, TimestampTz now);
+
+/* filter.c: per-partition known-absent filters (preloaded only) */
+extern void idem_filter_init(void);
+extern bool idem_filter_enabled(void);
+extern bool idem_filter_usable(void);
+extern uint64 idem_filter_hash(text *scope, text *key);
+extern bool idem_filter_absent(Oid relid, uint64 hash);
+extern void idem_filter_note(Oid relid, uint64 hash);
 
 /*
  * The statistics counted per backend (stats.c): the counters, then the

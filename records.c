@@ -12,7 +12,9 @@
  * btree index, starting with the one most likely to hold the key.  Writes
  * route by expires_at through the same bounds, go to the heap with
  * simple_heap_insert/update/delete, and maintain the indexes the way catalog
- * updates do.
+ * updates do.  A partition whose known-absent filter (filter.c) rules the
+ * key out is skipped without being opened, and every insert adds its key
+ * to the partition's filter first.
  *
  * What the executor would have done and we therefore do here: take the same
  * locks (AccessShareLock on the parent, partitions and indexes read,
@@ -624,6 +626,8 @@ idem_records_find(Relation parent, text *scope, text *key, bool token,
 	int			ncand = 0;
 	int			start = 0;
 	int			i;
+	bool		use_filter;
+	uint64		hash = 0;
 
 	memset(rec, 0, sizeof(IdemRecord));
 	if (bi == NULL)
@@ -648,16 +652,53 @@ idem_records_find(Relation parent, text *scope, text *key, bool token,
 	if (start >= ncand)
 		start = ncand - 1;
 
+	/*
+	 * A partition whose known-absent filter (filter.c) rules the key out is
+	 * not opened at all.  The filter covers both kinds of record, so a
+	 * partition it rules out holds no shadow either.
+	 */
+	use_filter = idem_filter_usable();
+	if (use_filter)
+		hash = idem_filter_hash(scope, key);
+#define IDEM_PROBE(relid) \
+	(!(use_filter && idem_filter_absent((relid), hash)) && \
+	 idem_probe((relid), scope, key, token, now, snapshot, rec))
+
 	/* start, then down to the oldest live range, then up */
 	for (i = start; i >= 0; i--)
-		if (idem_probe(cand[i].relid, scope, key, token, now, snapshot, rec))
+		if (IDEM_PROBE(cand[i].relid))
 			return;
 	for (i = start + 1; i < ncand; i++)
-		if (idem_probe(cand[i].relid, scope, key, token, now, snapshot, rec))
+		if (IDEM_PROBE(cand[i].relid))
 			return;
 	if (bi->default_index >= 0)
-		(void) idem_probe(pd->oids[bi->default_index], scope, key, token, now,
-						  snapshot, rec);
+		(void) IDEM_PROBE(pd->oids[bi->default_index]);
+#undef IDEM_PROBE
+}
+
+/*
+ * The partitions that can hold a live record as of now: those whose range
+ * ends after now, and the DEFAULT partition.  For building their filters.
+ */
+List *
+idem_records_live_partitions(Relation parent, TimestampTz now)
+{
+	PartitionDesc pd = RelationGetPartitionDesc(parent, true);
+	PartitionBoundInfo bi = pd->boundinfo;
+	List	   *result = NIL;
+	int			i;
+
+	if (bi == NULL)
+		return NIL;
+	for (i = 0; i < bi->ndatums; i++)
+	{
+		if (bi->indexes[i] < 0 || idem_bound_value(bi, i) <= now)
+			continue;
+		result = lappend_oid(result, pd->oids[bi->indexes[i]]);
+	}
+	if (bi->default_index >= 0)
+		result = lappend_oid(result, pd->oids[bi->default_index]);
+	return result;
 }
 
 
@@ -886,6 +927,13 @@ idem_records_insert(Relation parent, text *scope, text *key, bool token,
 	rel = table_open(idem_route(parent, expires_at), RowExclusiveLock);
 	idem_partition_info(rel, &part);
 	tuple = idem_form_tuple(rel, &part, values, nulls);
+
+	/*
+	 * Into the partition's known-absent filter before the tuple exists,
+	 * under the RowExclusiveLock a filter build waits for (filter.c).
+	 */
+	if (idem_filter_enabled())
+		idem_filter_note(RelationGetRelid(rel), idem_filter_hash(scope, key));
 	simple_heap_insert(rel, tuple);
 	idem_insert_index_entries(rel, tuple, false, false);
 	table_close(rel, NoLock);

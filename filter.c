@@ -1,0 +1,962 @@
+/*-------------------------------------------------------------------------
+ *
+ * filter.c
+ *		Per-partition "known absent" filters in shared memory: a blocked
+ *		bloom filter per live partition of idempotency.records, so that
+ *		idem_acquire proves a new key absent from a partition without
+ *		descending the partition's (scope, key) btree.
+ *
+ * Only with the library in shared_preload_libraries and
+ * idempotency.filters > 0.  Without them every probe descends the index,
+ * as before.
+ *
+ * The one rule.  A filter must never say absent for a key present in its
+ * partition: one such answer runs a request twice.  False positives only
+ * cost the index descent that would have been made anyway.  So:
+ *
+ * - Every insert into a partition adds its (scope, key) to the partition's
+ *   slot (state BUILDING or READY) before the heap tuple exists, while
+ *   holding RowExclusiveLock on the partition: idem_records_insert does so
+ *   itself, every other path (SQL INSERT, COPY, UPDATE, logical
+ *   replication apply) through the row trigger zz_records_filter, which is
+ *   ENABLE ALWAYS and must be the last BEFORE ROW trigger (a later one
+ *   could change the key); where it is not, it invalidates the slot.
+ *
+ * - A build (idem_build_filters) marks the slot BUILDING, waits for every
+ *   transaction that held RowExclusiveLock on the partition before (as
+ *   CREATE INDEX CONCURRENTLY does; later inserters see BUILDING and add
+ *   their keys themselves), then adds every tuple of the heap (SnapshotAny)
+ *   and marks the slot READY.  It holds ShareUpdateExclusiveLock on the
+ *   partition, which keeps the trigger from being disabled, dropped or
+ *   joined by another trigger meanwhile.
+ *
+ * - Anything that could let a key in without the trigger invalidates the
+ *   slot, through object_access_hook: a trigger of the partition altered
+ *   (ENABLE/DISABLE, rename) or dropped, the partition altered or dropped,
+ *   the database dropped.  Shared memory starts empty after a crash or a
+ *   promotion, and nothing is built during recovery.
+ *
+ * Readers take no lock: a slot's generation (gen) is bumped by every
+ * change of identity or invalidation, and a reader trusts the bits only if
+ * the slot was READY for its partition with the same generation before and
+ * after reading them.  Filters are not used under SERIALIZABLE (SSI needs
+ * the predicate locks of the index scans) nor during recovery.
+ *
+ * The LWLock serializes slot assignment and state changes only.
+ *
+ * IDENTIFICATION
+ *	  filter.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/relation.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/indexing.h"
+#include "catalog/namespace.h"
+#include "catalog/objectaccess.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_database.h"
+#include "catalog/pg_trigger.h"
+#include "commands/trigger.h"
+#include "common/hashfn.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "port/atomics.h"
+#include "port/pg_bitutils.h"
+#include "storage/ipc.h"
+#include "storage/lmgr.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+#include "compat.h"
+#include "idempotency.h"
+
+/* Name of the trigger that notes the keys of every other insert path */
+#define IDEM_FILTER_TRIGGER		"zz_records_filter"
+#define IDEM_FILTER_FUNCTION	"records_note_key"
+
+/* Slot states */
+#define FILTER_FREE			0
+#define FILTER_BUILDING		1
+#define FILTER_READY		2
+
+/* Blocked bloom filter: 64-byte blocks of 16 words, 8 bits per key */
+#define FILTER_BLOCK_BYTES	64
+#define FILTER_BLOCK_WORDS	(FILTER_BLOCK_BYTES / sizeof(pg_atomic_uint32))
+#define FILTER_K			8
+
+typedef struct IdemFilterSlot
+{
+	pg_atomic_uint32 gen;		/* bumped on every invalidation or reuse */
+	pg_atomic_uint32 state;		/* FILTER_FREE, _BUILDING, _READY */
+	Oid			db;				/* set under the lock, state FREE */
+	Oid			relid;
+	/* the bit array follows, at FILTER_BLOCK_BYTES */
+} IdemFilterSlot;
+
+#define FILTER_HEADER_BYTES	FILTER_BLOCK_BYTES
+
+typedef struct IdemFilterShared
+{
+	LWLock	   *lock;
+	int			nslots;
+	uint32		nblocks;		/* blocks per slot */
+	Size		stride;			/* bytes from one slot to the next */
+	char	   *slots;
+} IdemFilterShared;
+
+/* GUC variables */
+static int	idem_filters = 16;
+static int	idem_filter_size = 1024;	/* kB */
+
+/* Saved hook values */
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+static object_access_hook_type prev_object_access_hook = NULL;
+
+/* The shared state; NULL unless preloaded with idempotency.filters > 0 */
+static IdemFilterShared *idem_filter_shared = NULL;
+
+static void idem_filter_shmem_request(void);
+static void idem_filter_shmem_startup(void);
+static void idem_filter_object_access(ObjectAccessType access, Oid classId,
+									  Oid objectId, int subId, void *arg);
+
+PG_FUNCTION_INFO_V1(idem_records_note_key);
+PG_FUNCTION_INFO_V1(idem_build_filters);
+PG_FUNCTION_INFO_V1(idem_filters_sql);
+
+
+/*
+ * Module load: the settings and, when preloaded, the hooks.
+ */
+void
+idem_filter_init(void)
+{
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
+	DefineCustomIntVariable("idempotency.filters",
+							"Number of partitions of idempotency.records that can have a known-absent filter.",
+							"Zero disables the filters.",
+							&idem_filters,
+							16, 0, 4096,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.filter_size",
+							"Size of each partition's known-absent filter.",
+							"About 1.5 bytes per key for a 1% false-positive rate.",
+							&idem_filter_size,
+							1024, 64, 1024 * 1024,
+							PGC_POSTMASTER,
+							GUC_UNIT_KB,
+							NULL, NULL, NULL);
+
+	if (idem_filters <= 0)
+		return;
+
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = idem_filter_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = idem_filter_shmem_startup;
+	prev_object_access_hook = object_access_hook;
+	object_access_hook = idem_filter_object_access;
+}
+
+static Size
+idem_filter_stride(void)
+{
+	return FILTER_HEADER_BYTES + (Size) idem_filter_size * 1024;
+}
+
+static Size
+idem_filter_memsize(void)
+{
+	Size		size = MAXALIGN(sizeof(IdemFilterShared));
+
+	size = add_size(size, FILTER_BLOCK_BYTES);
+	return add_size(size, mul_size(idem_filters, idem_filter_stride()));
+}
+
+static void
+idem_filter_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(idem_filter_memsize());
+	RequestNamedLWLockTranche("idempotency filters", 1);
+}
+
+/*
+ * Set up the slots, once per server start (and again after a crash, so
+ * that nothing survives it).
+ */
+static void
+idem_filter_shmem_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	idem_filter_shared = ShmemInitStruct("idempotency filters",
+										 idem_filter_memsize(), &found);
+	if (!found)
+	{
+		char	   *p = (char *) idem_filter_shared;
+		int			i;
+
+		idem_filter_shared->lock =
+			&(GetNamedLWLockTranche("idempotency filters"))->lock;
+		idem_filter_shared->nslots = idem_filters;
+		idem_filter_shared->nblocks =
+			(uint32) ((Size) idem_filter_size * 1024 / FILTER_BLOCK_BYTES);
+		idem_filter_shared->stride = idem_filter_stride();
+		p += MAXALIGN(sizeof(IdemFilterShared));
+		idem_filter_shared->slots = (char *) TYPEALIGN(FILTER_BLOCK_BYTES, p);
+		for (i = 0; i < idem_filters; i++)
+		{
+			IdemFilterSlot *slot = (IdemFilterSlot *)
+				(idem_filter_shared->slots + (Size) i * idem_filter_shared->stride);
+
+			pg_atomic_init_u32(&slot->gen, 0);
+			pg_atomic_init_u32(&slot->state, FILTER_FREE);
+			slot->db = InvalidOid;
+			slot->relid = InvalidOid;
+		}
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+static inline IdemFilterSlot *
+idem_filter_slot(int i)
+{
+	return (IdemFilterSlot *)
+		(idem_filter_shared->slots + (Size) i * idem_filter_shared->stride);
+}
+
+static inline pg_atomic_uint32 *
+idem_filter_words(IdemFilterSlot *slot)
+{
+	return (pg_atomic_uint32 *) ((char *) slot + FILTER_HEADER_BYTES);
+}
+
+/*
+ * Whether filters exist in this server.
+ */
+bool
+idem_filter_enabled(void)
+{
+	return idem_filter_shared != NULL;
+}
+
+/*
+ * The hash of (scope, key) that every path uses: 64 bits over the bytes of
+ * the detoasted text values, the key's hash seeded by the scope's.
+ */
+uint64
+idem_filter_hash(text *scope, text *key)
+{
+	uint64		seed;
+
+	seed = hash_bytes_extended((const unsigned char *) VARDATA_ANY(scope),
+							   VARSIZE_ANY_EXHDR(scope),
+							   UINT64CONST(0x1de4f17e5c0be5a1));
+	return hash_bytes_extended((const unsigned char *) VARDATA_ANY(key),
+							   VARSIZE_ANY_EXHDR(key), seed);
+}
+
+/*
+ * The block of a hash, and the next of its FILTER_K bit positions (0..511)
+ * from the state *x.
+ */
+static inline uint32
+idem_filter_block(uint64 hash)
+{
+	return (uint32) (((hash >> 32) * (uint64) idem_filter_shared->nblocks) >> 32);
+}
+
+static inline uint32
+idem_filter_next_bit(uint32 *x)
+{
+	*x = *x * 0x9E3779B1 + 0x7F4A7C15;
+	return *x >> 23;
+}
+
+/*
+ * Set the bits of hash in a slot.  Each fetch_or is a full barrier, so the
+ * bits are set before anything the caller writes next.
+ */
+static void
+idem_filter_set(IdemFilterSlot *slot, uint64 hash)
+{
+	pg_atomic_uint32 *block = idem_filter_words(slot) +
+		(Size) idem_filter_block(hash) * FILTER_BLOCK_WORDS;
+	uint32		x = (uint32) hash;
+	int			i;
+
+	for (i = 0; i < FILTER_K; i++)
+	{
+		uint32		bit = idem_filter_next_bit(&x);
+
+		pg_atomic_fetch_or_u32(&block[bit >> 5], (uint32) 1 << (bit & 31));
+	}
+}
+
+/*
+ * Find the slot of (MyDatabaseId, relid), or NULL; without the lock, so the
+ * answer is a hint the caller checks against the generation or the state.
+ */
+static IdemFilterSlot *
+idem_filter_find(Oid db, Oid relid)
+{
+	int			i;
+
+	for (i = 0; i < idem_filter_shared->nslots; i++)
+	{
+		IdemFilterSlot *slot = idem_filter_slot(i);
+
+		if (slot->relid == relid && slot->db == db)
+			return slot;
+	}
+	return NULL;
+}
+
+/*
+ * Is (scope, key) of this hash known absent from partition relid?  The hot
+ * path of a probe: no lock, a few loads.  True only if the partition's slot
+ * was READY with the same generation before and after the bits were read
+ * and one of the bits is clear.  The caller has checked that filters may be
+ * used at all (idem_filter_usable).
+ */
+bool
+idem_filter_absent(Oid relid, uint64 hash)
+{
+	IdemFilterSlot *slot;
+	pg_atomic_uint32 *block;
+	uint32		gen;
+	uint32		x = (uint32) hash;
+	bool		absent = false;
+	int			i;
+
+	slot = idem_filter_find(MyDatabaseId, relid);
+	if (slot == NULL)
+		return false;
+
+	gen = pg_atomic_read_u32(&slot->gen);
+	pg_memory_barrier();
+	if (pg_atomic_read_u32(&slot->state) != FILTER_READY ||
+		slot->db != MyDatabaseId || slot->relid != relid)
+		return false;
+	pg_read_barrier();
+
+	block = idem_filter_words(slot) +
+		(Size) idem_filter_block(hash) * FILTER_BLOCK_WORDS;
+	for (i = 0; i < FILTER_K; i++)
+	{
+		uint32		bit = idem_filter_next_bit(&x);
+
+		if ((pg_atomic_read_u32(&block[bit >> 5]) & ((uint32) 1 << (bit & 31))) == 0)
+		{
+			absent = true;
+			break;
+		}
+	}
+
+	pg_memory_barrier();
+	if (pg_atomic_read_u32(&slot->gen) != gen)
+		return false;
+	return absent;
+}
+
+/*
+ * May this transaction use the filters?  Not without them, not during
+ * recovery (nothing built before promotion is trusted, nothing is built on
+ * a standby), and not under SERIALIZABLE, whose predicate locks come from
+ * the index scans.
+ */
+bool
+idem_filter_usable(void)
+{
+	return idem_filter_shared != NULL && !IsolationIsSerializable() &&
+		!RecoveryInProgress();
+}
+
+/*
+ * Note a key being inserted into partition relid, before the heap tuple
+ * exists.  The caller holds RowExclusiveLock on the partition: a build
+ * that started before the lock was taken waits for this transaction, one
+ * that starts later is seen here as BUILDING.
+ */
+void
+idem_filter_note(Oid relid, uint64 hash)
+{
+	IdemFilterSlot *slot;
+	uint32		state;
+
+	if (idem_filter_shared == NULL)
+		return;
+	pg_memory_barrier();
+	slot = idem_filter_find(MyDatabaseId, relid);
+	if (slot == NULL)
+		return;
+	state = pg_atomic_read_u32(&slot->state);
+	if (state == FILTER_BUILDING || state == FILTER_READY)
+		idem_filter_set(slot, hash);
+}
+
+/*
+ * Free a slot: state FREE first, then a new generation, so that a reader
+ * who read the old generation sees it change.  Caller holds the lock
+ * exclusively.
+ */
+static void
+idem_filter_free_slot(IdemFilterSlot *slot)
+{
+	pg_atomic_write_u32(&slot->state, FILTER_FREE);
+	pg_write_barrier();
+	pg_atomic_fetch_add_u32(&slot->gen, 1);
+}
+
+/*
+ * Invalidate the slot of (db, relid), or all slots of db if relid is
+ * InvalidOid, or all slots if db is InvalidOid as well.
+ */
+static void
+idem_filter_invalidate(Oid db, Oid relid)
+{
+	int			i;
+
+	if (idem_filter_shared == NULL)
+		return;
+	LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < idem_filter_shared->nslots; i++)
+	{
+		IdemFilterSlot *slot = idem_filter_slot(i);
+
+		if ((!OidIsValid(db) || slot->db == db) &&
+			(!OidIsValid(relid) || slot->relid == relid))
+		{
+			idem_filter_free_slot(slot);
+			slot->db = InvalidOid;
+			slot->relid = InvalidOid;
+		}
+	}
+	LWLockRelease(idem_filter_shared->lock);
+}
+
+/*
+ * Is relid idempotency.records itself?
+ */
+static bool
+idem_filter_is_parent(Oid relid)
+{
+	Oid			nspoid;
+
+	if (get_rel_relkind(relid) != RELKIND_PARTITIONED_TABLE)
+		return false;
+	nspoid = get_namespace_oid("idempotency", true);
+	return OidIsValid(nspoid) && get_rel_namespace(relid) == nspoid &&
+		strcmp(get_rel_name(relid), "records") == 0;
+}
+
+/*
+ * Invalidate what an event on relation relid may have made wrong: its own
+ * slot, and every slot of this database if it is the parent.
+ */
+static void
+idem_filter_invalidate_rel(Oid relid, bool parent_too)
+{
+	idem_filter_invalidate(MyDatabaseId, relid);
+	if (parent_too && idem_filter_is_parent(relid))
+		idem_filter_invalidate(MyDatabaseId, InvalidOid);
+}
+
+/*
+ * The relation a trigger belongs to, or InvalidOid if its row is not found.
+ */
+static Oid
+idem_filter_trigger_relid(Oid trigoid)
+{
+	Relation	tgrel;
+	SysScanDesc scan;
+	ScanKeyData skey;
+	HeapTuple	tup;
+	Oid			relid = InvalidOid;
+
+	tgrel = table_open(TriggerRelationId, AccessShareLock);
+	ScanKeyInit(&skey, Anum_pg_trigger_oid, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(trigoid));
+	scan = systable_beginscan(tgrel, TriggerOidIndexId, true, SnapshotSelf,
+							  1, &skey);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+		relid = ((Form_pg_trigger) GETSTRUCT(tup))->tgrelid;
+	systable_endscan(scan);
+	table_close(tgrel, AccessShareLock);
+	return relid;
+}
+
+/*
+ * object_access_hook: invalidate the filters that a catalog change may
+ * leave wrong.  Every trigger change of a partition (ENABLE, DISABLE,
+ * rename, drop), every change of a partition (its columns, say), the drop
+ * of a partition or database.  Conservative: a change that cannot matter
+ * only costs a rebuild.
+ */
+static void
+idem_filter_object_access(ObjectAccessType access, Oid classId,
+						  Oid objectId, int subId, void *arg)
+{
+	if (prev_object_access_hook)
+		prev_object_access_hook(access, classId, objectId, subId, arg);
+
+	if (idem_filter_shared == NULL ||
+		(access != OAT_POST_ALTER && access != OAT_DROP))
+		return;
+
+	if (classId == TriggerRelationId)
+	{
+		Oid			relid = idem_filter_trigger_relid(objectId);
+
+		if (OidIsValid(relid))
+			idem_filter_invalidate_rel(relid, true);
+		else
+			idem_filter_invalidate(MyDatabaseId, InvalidOid);
+	}
+	else if (classId == RelationRelationId)
+	{
+		/*
+		 * A column of the parent changed: the partitions' hooks fire too,
+		 * but be sure.  Other changes of the parent (ATTACH, DETACH) do not
+		 * touch the partitions' rows.
+		 */
+		idem_filter_invalidate_rel(objectId,
+								   access == OAT_DROP || subId != 0);
+	}
+	else if (classId == DatabaseRelationId && access == OAT_DROP)
+		idem_filter_invalidate(objectId, InvalidOid);
+}
+
+/*
+ * Is zz_records_filter, at position i of the relation's triggers (sorted by
+ * name, the order they fire in), ENABLE ALWAYS and the last BEFORE ROW
+ * trigger on INSERT or UPDATE that can fire?  A disabled later trigger
+ * cannot fire until enabled, which invalidates through the hook.
+ */
+static bool
+idem_filter_trigger_is_last(TriggerDesc *trigdesc, int i)
+{
+	Trigger    *ours = &trigdesc->triggers[i];
+	int			j;
+
+	if (ours->tgenabled != TRIGGER_FIRES_ALWAYS ||
+		!TRIGGER_FOR_ROW(ours->tgtype) || !TRIGGER_FOR_BEFORE(ours->tgtype) ||
+		!TRIGGER_FOR_INSERT(ours->tgtype) || !TRIGGER_FOR_UPDATE(ours->tgtype))
+		return false;
+	for (j = i + 1; j < trigdesc->numtriggers; j++)
+	{
+		Trigger    *t = &trigdesc->triggers[j];
+
+		if (t->tgenabled != TRIGGER_DISABLED &&
+			TRIGGER_FOR_ROW(t->tgtype) && TRIGGER_FOR_BEFORE(t->tgtype) &&
+			(TRIGGER_FOR_INSERT(t->tgtype) || TRIGGER_FOR_UPDATE(t->tgtype)))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Does partition rel have our trigger, ENABLE ALWAYS and last?  And do its
+ * scope and key compare by bytes (deterministic collations), as the hash
+ * does?
+ */
+static bool
+idem_filter_rel_ok(Relation rel)
+{
+	TriggerDesc *trigdesc = rel->trigdesc;
+	Oid			nspoid = get_namespace_oid("idempotency", true);
+	int			i;
+	const char *cols[] = {"scope", "key"};
+
+	for (i = 0; i < lengthof(cols); i++)
+	{
+		AttrNumber	att = get_attnum(RelationGetRelid(rel), cols[i]);
+		Oid			coll;
+
+		if (att == InvalidAttrNumber)
+			return false;
+		coll = TupleDescAttr(RelationGetDescr(rel), att - 1)->attcollation;
+		if (OidIsValid(coll) && !get_collation_isdeterministic(coll))
+			return false;
+	}
+
+	if (trigdesc == NULL)
+		return false;
+	for (i = 0; i < trigdesc->numtriggers; i++)
+	{
+		Trigger    *t = &trigdesc->triggers[i];
+		char	   *fname;
+
+		if (strcmp(t->tgname, IDEM_FILTER_TRIGGER) != 0)
+			continue;
+		fname = get_func_name(t->tgfoid);
+		if (fname == NULL || strcmp(fname, IDEM_FILTER_FUNCTION) != 0 ||
+			get_func_namespace(t->tgfoid) != nspoid)
+			return false;
+		return idem_filter_trigger_is_last(trigdesc, i);
+	}
+	return false;
+}
+
+/*
+ * The (scope, key) hash of a heap tuple of a partition, false if either is
+ * NULL (no record can be found under it).
+ */
+static bool
+idem_filter_tuple_hash(HeapTuple tuple, TupleDesc desc, AttrNumber scope_att,
+					   AttrNumber key_att, uint64 *hash)
+{
+	Datum		scope;
+	Datum		key;
+	bool		isnull;
+	text	   *s;
+	text	   *k;
+
+	scope = heap_getattr(tuple, scope_att, desc, &isnull);
+	if (isnull)
+		return false;
+	key = heap_getattr(tuple, key_att, desc, &isnull);
+	if (isnull)
+		return false;
+	s = (text *) pg_detoast_datum_packed((struct varlena *) DatumGetPointer(scope));
+	k = (text *) pg_detoast_datum_packed((struct varlena *) DatumGetPointer(key));
+	*hash = idem_filter_hash(s, k);
+	if ((Pointer) s != DatumGetPointer(scope))
+		pfree(s);
+	if ((Pointer) k != DatumGetPointer(key))
+		pfree(k);
+	return true;
+}
+
+/*
+ * idempotency.records_note_key(): BEFORE INSERT OR UPDATE row trigger of
+ * every partition.  Adds NEW's (scope, key) to the partition's filter
+ * before the row is written; where this trigger is not ENABLE ALWAYS and
+ * the last BEFORE ROW trigger (a later one could change the key), it
+ * invalidates the partition's filter instead.
+ */
+Datum
+idem_records_note_key(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Relation	rel;
+	HeapTuple	newtuple;
+	TupleDesc	desc;
+	uint64		hash;
+	int			i;
+	bool		ok = false;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("function \"records_note_key\" was not called by trigger manager")));
+	rel = trigdata->tg_relation;
+	if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
+		newtuple = trigdata->tg_newtuple;
+	else
+		newtuple = trigdata->tg_trigtuple;
+
+	if (idem_filter_shared == NULL || !TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
+		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
+		!(TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) ||
+		  TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event)))
+	{
+		if (idem_filter_shared != NULL)
+			idem_filter_invalidate(MyDatabaseId, RelationGetRelid(rel));
+		return PointerGetDatum(newtuple);
+	}
+
+	/* ours is the trigger being fired; is it last and ALWAYS? */
+	if (rel->trigdesc != NULL)
+	{
+		for (i = 0; i < rel->trigdesc->numtriggers; i++)
+		{
+			if (rel->trigdesc->triggers[i].tgoid == trigdata->tg_trigger->tgoid)
+			{
+				ok = idem_filter_trigger_is_last(rel->trigdesc, i);
+				break;
+			}
+		}
+	}
+	if (!ok)
+	{
+		if (idem_filter_find(MyDatabaseId, RelationGetRelid(rel)) != NULL)
+			idem_filter_invalidate(MyDatabaseId, RelationGetRelid(rel));
+		return PointerGetDatum(newtuple);
+	}
+
+	desc = RelationGetDescr(rel);
+	if (idem_filter_tuple_hash(newtuple, desc,
+							   SPI_fnumber(desc, "scope"),
+							   SPI_fnumber(desc, "key"), &hash))
+		idem_filter_note(RelationGetRelid(rel), hash);
+	return PointerGetDatum(newtuple);
+}
+
+/*
+ * Abort of a build: free its slot, if it is still the build's.
+ */
+typedef struct IdemFilterBuild
+{
+	IdemFilterSlot *slot;
+	uint32		gen;
+} IdemFilterBuild;
+
+static void
+idem_filter_build_cleanup(int code, Datum arg)
+{
+	IdemFilterBuild *build = (IdemFilterBuild *) DatumGetPointer(arg);
+
+	if (build->slot == NULL)
+		return;
+	LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
+	if (pg_atomic_read_u32(&build->slot->gen) == build->gen)
+	{
+		idem_filter_free_slot(build->slot);
+		build->slot->db = InvalidOid;
+		build->slot->relid = InvalidOid;
+	}
+	LWLockRelease(idem_filter_shared->lock);
+}
+
+/*
+ * Take a slot for (MyDatabaseId, relid) and mark it BUILDING with its bits
+ * cleared: the partition's own slot if it has one, else a free one.  NULL
+ * when none is left.
+ */
+static IdemFilterSlot *
+idem_filter_claim_slot(Oid relid, uint32 *gen)
+{
+	IdemFilterSlot *slot = NULL;
+	int			i;
+
+	LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < idem_filter_shared->nslots && slot == NULL; i++)
+	{
+		IdemFilterSlot *s = idem_filter_slot(i);
+
+		if (s->db == MyDatabaseId && s->relid == relid)
+			slot = s;
+	}
+	for (i = 0; i < idem_filter_shared->nslots && slot == NULL; i++)
+	{
+		IdemFilterSlot *s = idem_filter_slot(i);
+
+		if (pg_atomic_read_u32(&s->state) == FILTER_FREE &&
+			!OidIsValid(s->relid))
+			slot = s;
+	}
+	if (slot != NULL)
+	{
+		idem_filter_free_slot(slot);
+		memset(idem_filter_words(slot), 0,
+			   (Size) idem_filter_shared->nblocks * FILTER_BLOCK_BYTES);
+		slot->db = MyDatabaseId;
+		slot->relid = relid;
+		pg_write_barrier();
+		pg_atomic_write_u32(&slot->state, FILTER_BUILDING);
+		pg_memory_barrier();
+		*gen = pg_atomic_read_u32(&slot->gen);
+	}
+	LWLockRelease(idem_filter_shared->lock);
+	return slot;
+}
+
+/*
+ * Build the filter of one partition into a BUILDING slot: wait for the
+ * transactions that may have inserted without seeing BUILDING, then add
+ * every tuple of the heap.
+ */
+static void
+idem_filter_fill(Relation rel, IdemFilterSlot *slot)
+{
+	LOCKTAG		tag;
+	TableScanDesc scan;
+	HeapTuple	tuple;
+	TupleDesc	desc = RelationGetDescr(rel);
+	AttrNumber	scope_att = get_attnum(RelationGetRelid(rel), "scope");
+	AttrNumber	key_att = get_attnum(RelationGetRelid(rel), "key");
+
+	SET_LOCKTAG_RELATION(tag, MyDatabaseId, RelationGetRelid(rel));
+	WaitForLockers(tag, ShareLock, false);
+
+	scan = table_beginscan(rel, SnapshotAny, 0, NULL);
+	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
+	{
+		uint64		hash;
+
+		CHECK_FOR_INTERRUPTS();
+		if (idem_filter_tuple_hash(tuple, desc, scope_att, key_att, &hash))
+			idem_filter_set(slot, hash);
+	}
+	table_endscan(scan);
+}
+
+/*
+ * idempotency.build_filters(): build the filters of the live partitions
+ * (and DEFAULT) that have none READY, while slots last; returns how many
+ * were built.  Only the owner of idempotency.records, never during
+ * recovery.  A partition whose trigger is missing, not ENABLE ALWAYS or not
+ * the last BEFORE ROW trigger is skipped.
+ */
+Datum
+idem_build_filters(PG_FUNCTION_ARGS)
+{
+	Relation	parent;
+	List	   *parts;
+	ListCell   *lc;
+	int32		built = 0;
+
+	if (idem_filter_shared == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency filters are not enabled"),
+				 errhint("Add idempotency to shared_preload_libraries, set idempotency.filters above zero, and restart the server.")));
+	if (RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency filters cannot be built during recovery")));
+	if (IsolationUsesXactSnapshot())
+		ereport(ERROR,
+				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
+				 errmsg("idempotency filters can only be built at isolation level READ COMMITTED")));
+
+	parent = idem_records_open();
+	if (!idem_class_ownercheck(RelationGetRelid(parent), GetUserId()))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to build idempotency filters"),
+				 errdetail("Only the owner of table \"idempotency.records\" may build them.")));
+
+	parts = idem_records_live_partitions(parent, GetCurrentTimestamp());
+	foreach(lc, parts)
+	{
+		Oid			relid = lfirst_oid(lc);
+		IdemFilterSlot *slot;
+		IdemFilterBuild build;
+		Relation	rel;
+
+		slot = idem_filter_find(MyDatabaseId, relid);
+		if (slot != NULL && pg_atomic_read_u32(&slot->state) == FILTER_READY)
+			continue;
+
+		/* conflicts with trigger DDL, not with inserts */
+		rel = try_relation_open(relid, ShareUpdateExclusiveLock);
+		if (rel == NULL)
+			continue;
+		if (!idem_filter_rel_ok(rel))
+		{
+			relation_close(rel, ShareUpdateExclusiveLock);
+			ereport(NOTICE,
+					(errmsg("no idempotency filter for partition \"%s\"",
+							RelationGetRelationName(rel)),
+					 errdetail("Its trigger \"%s\" is missing, not ENABLE ALWAYS or not its last BEFORE ROW trigger, or its scope or key has a nondeterministic collation.",
+							   IDEM_FILTER_TRIGGER)));
+			continue;
+		}
+
+		build.slot = idem_filter_claim_slot(relid, &build.gen);
+		if (build.slot == NULL)
+		{
+			relation_close(rel, NoLock);
+			break;
+		}
+		PG_ENSURE_ERROR_CLEANUP(idem_filter_build_cleanup, PointerGetDatum(&build));
+		{
+			idem_filter_fill(rel, build.slot);
+		}
+		PG_END_ENSURE_ERROR_CLEANUP(idem_filter_build_cleanup, PointerGetDatum(&build));
+
+		LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
+		if (pg_atomic_read_u32(&build.slot->gen) == build.gen &&
+			pg_atomic_read_u32(&build.slot->state) == FILTER_BUILDING)
+		{
+			pg_write_barrier();
+			pg_atomic_write_u32(&build.slot->state, FILTER_READY);
+			built++;
+		}
+		LWLockRelease(idem_filter_shared->lock);
+		relation_close(rel, NoLock);
+	}
+	idem_records_close(parent);
+	PG_RETURN_INT32(built);
+}
+
+/*
+ * idempotency.idem_filters(): the slots of this database, for operators
+ * and tests: partition, state, size in bytes, bits set, and the number of
+ * keys that many bits suggest.
+ */
+Datum
+idem_filters_sql(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int			i;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (idem_filter_shared == NULL)
+		return (Datum) 0;
+
+	for (i = 0; i < idem_filter_shared->nslots; i++)
+	{
+		IdemFilterSlot *slot = idem_filter_slot(i);
+		uint32		state = pg_atomic_read_u32(&slot->state);
+		Oid			relid = slot->relid;
+		Datum		values[5];
+		bool		nulls[5] = {0};
+		uint64		bits = 0;
+		double		m;
+		Size		w;
+		Size		nwords;
+
+		if (slot->db != MyDatabaseId || !OidIsValid(relid) ||
+			state == FILTER_FREE)
+			continue;
+		nwords = (Size) idem_filter_shared->nblocks * FILTER_BLOCK_WORDS;
+		for (w = 0; w < nwords; w++)
+			bits += pg_popcount32(pg_atomic_read_u32(&idem_filter_words(slot)[w]));
+		m = (double) nwords * 32;
+
+		values[0] = ObjectIdGetDatum(relid);
+		values[1] = CStringGetTextDatum(state == FILTER_READY ? "ready" : "building");
+		values[2] = Int64GetDatum((int64) idem_filter_shared->nblocks * FILTER_BLOCK_BYTES);
+		values[3] = Int64GetDatum((int64) bits);
+		values[4] = Int64GetDatum(bits >= m ? PG_INT64_MAX :
+								  (int64) rint(-(m / FILTER_K) * log(1.0 - bits / m)));
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
