@@ -826,6 +826,32 @@ idem_filter_fill(Relation rel, IdemFilterSlot *slot)
 }
 
 /*
+ * Free the slots of this database's partitions that are no longer live
+ * (their range has ended, or they are gone): nothing looks in them, and
+ * the live ones need the room.
+ */
+static void
+idem_filter_reclaim(List *live)
+{
+	int			i;
+
+	LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < idem_filter_shared->nslots; i++)
+	{
+		IdemFilterSlot *slot = idem_filter_slot(i);
+
+		if (slot->db == MyDatabaseId && OidIsValid(slot->relid) &&
+			!list_member_oid(live, slot->relid))
+		{
+			idem_filter_free_slot(slot);
+			slot->db = InvalidOid;
+			slot->relid = InvalidOid;
+		}
+	}
+	LWLockRelease(idem_filter_shared->lock);
+}
+
+/*
  * idempotency.build_filters(): build the filters of the live partitions
  * (and DEFAULT) that have none READY, while slots last; returns how many
  * were built.  Only the owner of idempotency.records, never during
@@ -862,6 +888,7 @@ idem_build_filters(PG_FUNCTION_ARGS)
 				 errdetail("Only the owner of table \"idempotency.records\" may build them.")));
 
 	parts = idem_records_live_partitions(parent, GetCurrentTimestamp());
+	idem_filter_reclaim(parts);
 	foreach(lc, parts)
 	{
 		Oid			relid = lfirst_oid(lc);

@@ -485,6 +485,7 @@ REVOKE ALL ON FUNCTION idempotency.idem_stats_enabled() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.owner_alive(int, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.record_daily() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.idem_maintain() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.records_note_key() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.build_filters() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.idem_filters() FROM PUBLIC;
 

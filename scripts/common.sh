@@ -210,6 +210,9 @@ start_cluster() {
 		shared_preload_libraries = 'pg_cron,idempotency'
 		cron.database_name = 'postgres'
 		max_connections = 100
+		# room for the filters of every partition the tests make
+		idempotency.filters = 64
+		idempotency.filter_size = 64kB
 	EOF
 	if [[ $mode == fast ]]; then
 		cat >>"$IDEM_PGDATA/postgresql.conf" <<-EOF

@@ -1,0 +1,167 @@
+--
+-- 18_filter: the known-absent filters (the library is preloaded by the test
+-- cluster, idempotency.filters at its default).  A READY filter keeps
+-- idem_acquire from descending a partition's index for a new key; a key
+-- written by any path other than idem_acquire (SQL INSERT into a partition
+-- or through the parent, an UPDATE that moves or renames a row, COPY) is
+-- still found; disabling the trigger or adding a BEFORE trigger after it
+-- takes the filter away, and a build refuses such a partition.
+--
+SET idempotency.wait_timeout = 0;
+
+-- Records in several partitions, so that without filters a new key would
+-- descend several indexes.
+SELECT pg_catalog.count(*) AS acquired
+  FROM pg_catalog.generate_series(1, 4) i,
+       LATERAL idempotency.idem_acquire('flt-seed-' || i, ttl => i * interval '1 day') a
+ WHERE a.outcome = 'acquired';
+SELECT idempotency.build_filters() >= 0 AS built;
+SELECT pg_catalog.count(*) FILTER (WHERE f.state = 'ready') = pg_catalog.count(*) AS all_ready,
+       pg_catalog.count(*) >= 5 AS enough
+  FROM idempotency.idem_filters() f;
+-- each seed key is in its filter
+SELECT pg_catalog.sum(f.estimated_keys) >= 4 AS keys_noted
+  FROM idempotency.idem_filters() f;
+
+-- Index scans of the partitions, as the statistics count them; a backend
+-- sends its counts when idle, so each read follows a statement that forces
+-- that.
+CREATE FUNCTION pg_temp.idx_scans() RETURNS bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_catalog.pg_stat_clear_snapshot();
+    RETURN (SELECT pg_catalog.sum(s.idx_scan)
+              FROM pg_catalog.pg_stat_user_tables s
+             WHERE s.schemaname = 'idempotency'
+               AND s.relname LIKE 'records%');
+END
+$$;
+SELECT pg_catalog.pg_stat_force_next_flush();
+SELECT pg_temp.idx_scans() AS before \gset
+SELECT outcome FROM idempotency.idem_acquire('flt-new-1');
+SELECT outcome FROM idempotency.idem_acquire('flt-new-2', ttl => '3 days');
+SELECT outcome FROM idempotency.idem_acquire('flt-new-3', scope => 'other');
+-- no partition's index was descended for a new key
+SELECT pg_catalog.pg_stat_force_next_flush();
+SELECT pg_temp.idx_scans() - :before AS idx_scan_delta;
+-- a replay still finds its record (the filter says maybe)
+SELECT outcome FROM idempotency.idem_acquire('flt-new-1');
+SELECT pg_catalog.pg_stat_force_next_flush();
+SELECT pg_temp.idx_scans() - :before > 0 AS replay_descended;
+
+-- Keys written by SQL, not idem_acquire: each is then found.
+CREATE FUNCTION pg_temp.outcome(k text) RETURNS text
+LANGUAGE sql AS $$ SELECT a.outcome FROM idempotency.idem_acquire(k) a $$;
+-- plain INSERT into a partition (the one of a 1-day ttl)
+DO $$
+DECLARE
+    part regclass := (SELECT p.partition FROM idempotency.partitions p
+                       WHERE p.range_start <= pg_catalog.now() + interval '1 day'
+                         AND p.range_end > pg_catalog.now() + interval '1 day');
+BEGIN
+    EXECUTE pg_catalog.format(
+        'INSERT INTO %s (scope, key, status, attempt, created_at, locked_until, expires_at)'
+        ' VALUES ('''', ''flt-sql-part'', ''processing'', 1, now(), now() + interval ''1 hour'', now() + interval ''1 day'')',
+        part);
+END
+$$;
+SELECT pg_temp.outcome('flt-sql-part');
+-- INSERT through the parent, routed to a partition
+INSERT INTO idempotency.records (scope, key, status, attempt, created_at, locked_until, expires_at)
+VALUES ('', 'flt-sql-parent', 'processing', 1, now(), now() + interval '1 hour', now() + interval '2 days');
+SELECT pg_temp.outcome('flt-sql-parent');
+-- an UPDATE that moves a row to another partition
+INSERT INTO idempotency.records (scope, key, status, attempt, created_at, locked_until, expires_at)
+VALUES ('', 'flt-move', 'processing', 1, now(), now() + interval '1 hour', now() + interval '1 day');
+UPDATE idempotency.records SET key = 'flt-moved', expires_at = now() + interval '3 days'
+ WHERE key = 'flt-move';
+SELECT pg_temp.outcome('flt-moved');
+-- an UPDATE that renames a key in place
+UPDATE idempotency.records SET key = 'flt-renamed' WHERE key = 'flt-sql-parent';
+SELECT pg_temp.outcome('flt-renamed');
+-- COPY
+COPY idempotency.records (scope, key, status, attempt, created_at, locked_until, expires_at) FROM stdin;
+	flt-copy	processing	1	2000-01-01 00:00:00+00	2998-01-01 00:00:00+00	2999-01-01 00:00:00+00
+\.
+SELECT outcome, expires_at > now() + interval '100 years' AS in_default
+  FROM idempotency.idem_acquire('flt-copy');
+-- all filters still ready
+SELECT pg_catalog.count(*) FILTER (WHERE f.state <> 'ready') AS not_ready
+  FROM idempotency.idem_filters() f;
+
+-- DISABLE TRIGGER takes the partition's filter away, and a build skips it.
+SELECT p.partition AS part2 FROM idempotency.partitions p
+ WHERE p.range_start <= now() + interval '2 days' AND p.range_end > now() + interval '2 days' \gset
+SELECT pg_catalog.count(*) AS has_filter FROM idempotency.idem_filters() f
+ WHERE f.partition = :'part2'::regclass;
+ALTER TABLE :part2 DISABLE TRIGGER zz_records_filter;
+SELECT pg_catalog.count(*) AS has_filter FROM idempotency.idem_filters() f
+ WHERE f.partition = :'part2'::regclass;
+INSERT INTO idempotency.records (scope, key, status, attempt, created_at, locked_until, expires_at)
+VALUES ('', 'flt-untriggered', 'processing', 1, now(), now() + interval '1 hour', now() + interval '2 days');
+SELECT idempotency.build_filters() >= 0 AS built;
+SELECT pg_catalog.count(*) AS has_filter FROM idempotency.idem_filters() f
+ WHERE f.partition = :'part2'::regclass;
+SELECT pg_temp.outcome('flt-untriggered');
+ALTER TABLE :part2 ENABLE ALWAYS TRIGGER zz_records_filter;
+SELECT idempotency.build_filters() >= 1 AS built;
+SELECT f.state FROM idempotency.idem_filters() f
+ WHERE f.partition = :'part2'::regclass;
+-- the build scanned the heap: the untriggered row's key is in the filter
+SELECT pg_temp.outcome('flt-untriggered');
+
+-- A user BEFORE trigger named after ours could change the key: the first
+-- row through ours takes the filter away, and a build skips the partition.
+CREATE FUNCTION pg_temp.upper_key() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.key := pg_catalog.upper(NEW.key);
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER zzz_upper_key BEFORE INSERT ON :part2
+    FOR EACH ROW EXECUTE FUNCTION pg_temp.upper_key();
+INSERT INTO idempotency.records (scope, key, status, attempt, created_at, locked_until, expires_at)
+VALUES ('', 'flt-lower', 'processing', 1, now(), now() + interval '1 hour', now() + interval '2 days');
+SELECT pg_catalog.count(*) AS has_filter FROM idempotency.idem_filters() f
+ WHERE f.partition = :'part2'::regclass;
+SELECT pg_temp.outcome('FLT-LOWER');
+SELECT idempotency.build_filters() >= 0 AS built;
+SELECT pg_catalog.count(*) AS has_filter FROM idempotency.idem_filters() f
+ WHERE f.partition = :'part2'::regclass;
+DROP TRIGGER zzz_upper_key ON :part2;
+SELECT idempotency.build_filters() >= 1 AS built;
+SELECT f.state FROM idempotency.idem_filters() f
+ WHERE f.partition = :'part2'::regclass;
+
+-- A partition made later (CREATE TABLE + ATTACH) gets the trigger ENABLE ALWAYS.
+CREATE TABLE idempotency.records_flt_test
+    (LIKE idempotency.records INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+ALTER TABLE idempotency.records ATTACH PARTITION idempotency.records_flt_test
+    FOR VALUES FROM ('2900-01-01') TO ('2900-01-02');
+SELECT t.tgenabled FROM pg_catalog.pg_trigger t
+ WHERE t.tgrelid = 'idempotency.records_flt_test'::regclass
+   AND t.tgname = 'zz_records_filter';
+-- it gets a filter; dropping it frees the filter
+SELECT idempotency.build_filters() >= 1 AS built;
+SELECT f.state FROM idempotency.idem_filters() f
+ WHERE f.partition = 'idempotency.records_flt_test'::regclass;
+DROP TABLE idempotency.records_flt_test;
+SELECT pg_catalog.count(*) AS filters_of_dropped FROM idempotency.idem_filters() f
+ WHERE f.partition::oid NOT IN (SELECT c.oid FROM pg_catalog.pg_class c);
+
+-- Only the owner of idempotency.records may build.
+CREATE ROLE flt_nobody;
+GRANT USAGE ON SCHEMA idempotency TO flt_nobody;
+GRANT SELECT ON idempotency.records TO flt_nobody;
+GRANT EXECUTE ON FUNCTION idempotency.build_filters() TO flt_nobody;
+SET ROLE flt_nobody;
+SELECT public.sqlstate_of('SELECT idempotency.build_filters()');
+RESET ROLE;
+REVOKE ALL ON FUNCTION idempotency.build_filters() FROM flt_nobody;
+REVOKE ALL ON idempotency.records FROM flt_nobody;
+REVOKE ALL ON SCHEMA idempotency FROM flt_nobody;
+DROP ROLE flt_nobody;
+
+-- Clean up the keys of this file.
+DELETE FROM idempotency.records WHERE key LIKE 'flt-%' OR key LIKE 'FLT-%';
