@@ -1,0 +1,160 @@
+# Copyright (c) idempotency authors
+#
+# The known-absent filters (filter.c) across what a single session cannot
+# show: logical replication apply on a subscriber whose filters were built
+# first, a standby's replayed rows after promotion (nothing trusted until
+# built), pg_dump/pg_restore --load-via-partition-root into a database
+# whose filters are built, maintenance moving rows out of DEFAULT, and a
+# restart.  Each checks that idem_acquire never answers "acquired" for a
+# key that is present.
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+$PostgreSQL::Test::Cluster::use_tcp = 1;
+$PostgreSQL::Test::Cluster::test_pghost = '127.0.0.1';
+
+my $conf = q{
+shared_preload_libraries = 'idempotency'
+idempotency.filters = 64
+idempotency.filter_size = 64kB
+};
+
+# the outcome of idem_acquire for a key that must be present
+sub outcome
+{
+	my ($node, $db, $key) = @_;
+	return $node->safe_psql($db,
+		"SET idempotency.wait_timeout = 0; SELECT outcome FROM idempotency.idem_acquire('$key')");
+}
+
+sub ready_filters
+{
+	my ($node, $db) = @_;
+	return $node->safe_psql($db,
+		"SELECT count(*) FROM idempotency.idem_filters() WHERE state = 'ready'");
+}
+
+my $pub = PostgreSQL::Test::Cluster->new('publisher');
+$pub->init(allows_streaming => 'logical');
+$pub->append_conf('postgresql.conf', $conf);
+$pub->start;
+$pub->backup('base');
+my $sub = PostgreSQL::Test::Cluster->new('subscriber');
+$sub->init;
+$sub->append_conf('postgresql.conf', $conf);
+$sub->start;
+
+foreach my $node ($pub, $sub)
+{
+	$node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+}
+
+# A standby of the publisher, from before any record existed.
+my $standby = PostgreSQL::Test::Cluster->new('standby');
+$standby->init_from_backup($pub, 'base', has_streaming => 1);
+$standby->start;
+
+# Logical replication: the subscriber builds its filters first, then rows
+# arrive through apply (session_replication_role = replica).
+$pub->safe_psql('postgres', q{
+CREATE PUBLICATION idem FOR TABLE idempotency.records
+    WITH (publish_via_partition_root = true);
+});
+my $connstr = $pub->connstr . ' dbname=postgres';
+$sub->safe_psql('postgres', qq{
+CREATE SUBSCRIPTION idem CONNECTION '$connstr' PUBLICATION idem;
+});
+$sub->wait_for_subscription_sync($pub, 'idem');
+ok(ready_filters($sub, 'postgres') > 0 || $sub->safe_psql('postgres', 'SELECT idempotency.build_filters()') > 0,
+	'subscriber filters built');
+cmp_ok(ready_filters($sub, 'postgres'), '>', 0, 'subscriber has READY filters');
+
+$pub->safe_psql('postgres', q{
+SELECT idempotency.idem_acquire('rep-' || i, ttl => i * interval '1 day')
+  FROM generate_series(1, 5) i;
+SELECT idempotency.idem_complete('rep-1', 200, '{}');
+});
+$pub->wait_for_catchup('idem');
+is($sub->safe_psql('postgres', "SELECT count(*) FROM idempotency.records WHERE key LIKE 'rep-%'"),
+	'5', 'rows applied on the subscriber');
+cmp_ok(ready_filters($sub, 'postgres'), '>', 0, 'subscriber filters still READY');
+foreach my $i (1 .. 5)
+{
+	isnt(outcome($sub, 'postgres', "rep-$i"), 'acquired',
+		"subscriber finds applied key rep-$i");
+}
+
+# Standby promotion: rows replayed, filters untrusted until built.
+$pub->wait_for_catchup($standby);
+$standby->promote;
+is(ready_filters($standby, 'postgres'), '0', 'no filter after promotion until built');
+foreach my $i (2 .. 5)
+{
+	isnt(outcome($standby, 'postgres', "rep-$i"), 'acquired',
+		"promoted standby finds rep-$i before a build");
+}
+$standby->safe_psql('postgres', 'SELECT idempotency.build_filters()');
+cmp_ok(ready_filters($standby, 'postgres'), '>', 0, 'promoted standby builds filters');
+is(outcome($standby, 'postgres', 'rep-1'), 'replay',
+	'promoted standby replays rep-1 with filters');
+
+# pg_dump / pg_restore --load-via-partition-root into a database whose
+# filters are built before the data arrives.
+my $dump = $pub->basedir . '/idem.dump';
+$pub->command_ok(
+	[ 'pg_dump', '-Fc', '--load-via-partition-root', '-f', $dump,
+	  '-d', $pub->connstr('postgres') ], 'pg_dump');
+$pub->safe_psql('postgres', 'CREATE DATABASE restored');
+# CREATE EXTENSION has made partitions already: pg_restore reports those
+# it cannot create again, and goes on.
+run_log([ 'pg_restore', '--section=pre-data', '-d', $pub->connstr('restored'), $dump ]);
+$pub->safe_psql('restored', 'SELECT idempotency.build_filters()');
+cmp_ok(ready_filters($pub, 'restored'), '>', 0, 'restored database has READY filters before data');
+run_log([ 'pg_restore', '--section=data', '--section=post-data', '-d',
+	  $pub->connstr('restored'), $dump ]);
+is($pub->safe_psql('restored', "SELECT count(*) FROM idempotency.records WHERE key LIKE 'rep-%'"),
+	'5', 'rows restored');
+foreach my $i (1 .. 5)
+{
+	isnt(outcome($pub, 'restored', "rep-$i"), 'acquired',
+		"restored database finds rep-$i");
+}
+
+# Maintenance moving rows out of DEFAULT into new partitions.
+$pub->safe_psql('postgres', q{
+SELECT idempotency.build_filters();
+INSERT INTO idempotency.records (scope, key, status, attempt, created_at, locked_until, expires_at)
+SELECT '', 'far-' || i, 'processing', 1, now(), now() + interval '1 day',
+       now() + interval '8 days' + i * interval '1 hour'
+  FROM generate_series(1, 3) i;
+});
+$pub->safe_psql('postgres', q{
+ALTER SYSTEM SET idempotency.max_ttl = '10d';
+SELECT pg_reload_conf();
+});
+$pub->safe_psql('postgres', 'SELECT * FROM idempotency.idem_maintain()');
+is($pub->safe_psql('postgres', "SELECT count(*) FROM idempotency.records_default WHERE key LIKE 'far-%'"),
+	'0', 'maintenance moved the rows out of DEFAULT');
+foreach my $i (1 .. 3)
+{
+	isnt(outcome($pub, 'postgres', "far-$i"), 'acquired',
+		"far-$i found after the move");
+}
+
+# A restart: filters start empty, nothing is trusted until built.
+$pub->restart;
+is(ready_filters($pub, 'postgres'), '0', 'no filter after restart until built');
+$pub->safe_psql('postgres', 'SELECT idempotency.build_filters()');
+foreach my $i (1 .. 3)
+{
+	isnt(outcome($pub, 'postgres', "far-$i"), 'acquired',
+		"far-$i found after restart and build");
+}
+is(outcome($pub, 'postgres', 'rep-1'), 'replay', 'rep-1 replays after restart');
+
+done_testing();
