@@ -129,6 +129,22 @@ static int	idem_max_response_bytes = 1024 * 1024;	/* bytes */
 static int	idem_partition_interval = 24 * 60 * 60;	/* seconds */
 static int	idem_maintenance_lock_timeout = 100;	/* milliseconds */
 
+/*
+ * Where this backend last wrote a new claim, and in which transaction: a
+ * hint for idem_complete, which in the usual pattern (acquire, business
+ * writes, complete, all in one transaction) then reads the record at that
+ * place instead of probing the partitions for it.  idem_records_fetch checks
+ * that the row there is still that claim.
+ */
+typedef struct IdemLastClaim
+{
+	TransactionId xid;			/* top-level transaction that wrote it */
+	Oid			partoid;
+	ItemPointerData tid;
+} IdemLastClaim;
+
+static IdemLastClaim idem_last_claim = {InvalidTransactionId};
+
 /* idempotency.default_ttl in microseconds */
 static inline int64
 idem_default_ttl_usecs(void)
@@ -1453,7 +1469,10 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 			if (newclaim)
 				idem_new_claim(newclaim, session_bound);
 			idem_records_insert(parent, scope, key, false, hash, now,
-								locked_until, expires_at, newclaim);
+								locked_until, expires_at, newclaim,
+								&idem_last_claim.partoid,
+								&idem_last_claim.tid);
+			idem_last_claim.xid = GetTopTransactionIdIfAny();
 			idem_unlock(&tag, ExclusiveLock);
 			rec.attempt = 1;
 			rec.expires_at = expires_at;
@@ -1658,7 +1677,23 @@ idem_complete_common(FunctionCallInfo fcinfo, IdemApi api)
 	if (api == IDEM_API_1_1)
 		idem_require_1_1();
 	idem_key_locktag(&tag, scope, key, false);
-	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
+
+	/*
+	 * The claim this transaction made last is read where it was written, if
+	 * it is still there and this key's; anything else is probed for.
+	 */
+	rec.found = false;
+	if (TransactionIdIsValid(idem_last_claim.xid) &&
+		idem_last_claim.xid == GetTopTransactionIdIfAny())
+	{
+		(void) idem_lock(&tag, ExclusiveLock, false);
+		now = GetCurrentTimestamp();
+		if (!idem_records_fetch(parent, idem_last_claim.partoid,
+								&idem_last_claim.tid, scope, key, now, &rec))
+			idem_unlock(&tag, ExclusiveLock);
+	}
+	if (!rec.found)
+		idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
 
 	if (!rec.found)
 		idem_no_record_error(scope, key);
@@ -1803,7 +1838,23 @@ idem_extend(PG_FUNCTION_ARGS)
 	parent = idem_records_open();
 	idem_require_1_1();
 	idem_key_locktag(&tag, scope, key, false);
-	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
+
+	/*
+	 * The claim this transaction made last is read where it was written, if
+	 * it is still there and this key's; anything else is probed for.
+	 */
+	rec.found = false;
+	if (TransactionIdIsValid(idem_last_claim.xid) &&
+		idem_last_claim.xid == GetTopTransactionIdIfAny())
+	{
+		(void) idem_lock(&tag, ExclusiveLock, false);
+		now = GetCurrentTimestamp();
+		if (!idem_records_fetch(parent, idem_last_claim.partoid,
+								&idem_last_claim.tid, scope, key, now, &rec))
+			idem_unlock(&tag, ExclusiveLock);
+	}
+	if (!rec.found)
+		idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
 
 	if (!rec.found)
 		idem_no_record_error(scope, key);
@@ -1980,7 +2031,7 @@ idem_token_issue(PG_FUNCTION_ARGS)
 	idem_require_1_1();
 	now = GetCurrentTimestamp();
 	idem_records_insert(parent, scope, token, true, NULL, now, 0, now + ttl,
-						NULL);
+						NULL, NULL, NULL);
 	idem_records_close(parent);
 
 	idem_stats_add(IDEM_STAT_TOKENS_ISSUED, 1);
