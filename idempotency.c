@@ -1199,6 +1199,12 @@ idem_check_snapshot(Relation parent, text *scope, text *key, bool token,
  * other transaction still writing the record (lock_timeout and cancel apply
  * as to any lock), until the record found is committed or our own.  For the
  * functions that change a record a claim already exists for.
+ *
+ * The claim this transaction made last (the usual pattern: acquire, business
+ * writes, complete) is read where idem_acquire wrote it, if it is still
+ * there and this key's (idem_records_fetch checks); anything else is probed
+ * for.  A version this transaction wrote needs neither a wait nor the
+ * snapshot check.
  */
 static void
 idem_lock_and_read(Relation parent, const LOCKTAG *tag, text *scope,
@@ -1206,6 +1212,17 @@ idem_lock_and_read(Relation parent, const LOCKTAG *tag, text *scope,
 {
 	IdemPasses	passes;
 	IdemWaitClock clock;
+
+	if (TransactionIdIsValid(idem_last_claim.xid) &&
+		idem_last_claim.xid == GetTopTransactionIdIfAny())
+	{
+		(void) idem_lock(tag, ExclusiveLock, false);
+		*now = GetCurrentTimestamp();
+		if (idem_records_fetch(parent, idem_last_claim.partoid,
+							   &idem_last_claim.tid, scope, key, *now, rec))
+			return;
+		idem_unlock(tag, ExclusiveLock);
+	}
 
 	idem_wait_clock_init(&clock);	/* these waits are not counted */
 	idem_passes_init(&passes);
@@ -1677,23 +1694,7 @@ idem_complete_common(FunctionCallInfo fcinfo, IdemApi api)
 	if (api == IDEM_API_1_1)
 		idem_require_1_1();
 	idem_key_locktag(&tag, scope, key, false);
-
-	/*
-	 * The claim this transaction made last is read where it was written, if
-	 * it is still there and this key's; anything else is probed for.
-	 */
-	rec.found = false;
-	if (TransactionIdIsValid(idem_last_claim.xid) &&
-		idem_last_claim.xid == GetTopTransactionIdIfAny())
-	{
-		(void) idem_lock(&tag, ExclusiveLock, false);
-		now = GetCurrentTimestamp();
-		if (!idem_records_fetch(parent, idem_last_claim.partoid,
-								&idem_last_claim.tid, scope, key, now, &rec))
-			idem_unlock(&tag, ExclusiveLock);
-	}
-	if (!rec.found)
-		idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
+	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
 
 	if (!rec.found)
 		idem_no_record_error(scope, key);
@@ -1838,23 +1839,7 @@ idem_extend(PG_FUNCTION_ARGS)
 	parent = idem_records_open();
 	idem_require_1_1();
 	idem_key_locktag(&tag, scope, key, false);
-
-	/*
-	 * The claim this transaction made last is read where it was written, if
-	 * it is still there and this key's; anything else is probed for.
-	 */
-	rec.found = false;
-	if (TransactionIdIsValid(idem_last_claim.xid) &&
-		idem_last_claim.xid == GetTopTransactionIdIfAny())
-	{
-		(void) idem_lock(&tag, ExclusiveLock, false);
-		now = GetCurrentTimestamp();
-		if (!idem_records_fetch(parent, idem_last_claim.partoid,
-								&idem_last_claim.tid, scope, key, now, &rec))
-			idem_unlock(&tag, ExclusiveLock);
-	}
-	if (!rec.found)
-		idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
+	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
 
 	if (!rec.found)
 		idem_no_record_error(scope, key);

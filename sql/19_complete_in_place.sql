@@ -1,7 +1,8 @@
 --
--- idem_complete of the claim this transaction made last reads the record
--- where idem_acquire wrote it, without probing; everything else, and every
--- case where that row is no longer the live claim, is probed for as before.
+-- idem_complete (and idem_extend, idem_release) of the claim this
+-- transaction made last reads the record where idem_acquire wrote it,
+-- without probing; everything else, and every case where that row is no
+-- longer the live claim, is probed for as before.
 --
 SET idempotency.wait_timeout = 0;
 SET stats_fetch_consistency = none;
@@ -51,6 +52,16 @@ SELECT idempotency.idem_complete('cp-4', 200, scope => 'cp') AS first,
 COMMIT;
 SELECT key, status, response_status FROM idempotency.records
  WHERE scope = 'cp' AND key IN ('cp-4', 'cp-5') ORDER BY key;
+
+-- idem_extend and idem_release read the last claim in place too; after an
+-- extension the row written by acquire is no longer current
+BEGIN;
+SELECT claim AS cp7_claim FROM idempotency.idem_acquire('cp-7', scope => 'cp', lease => '1 minute') \gset
+SELECT idempotency.idem_extend('cp-7', 'cp', :'cp7_claim', '2 hours') > pg_catalog.now() + interval '1 hour' AS extended;
+SELECT idempotency.idem_complete('cp-7', 201, scope => 'cp', claim => :'cp7_claim') AS completed;
+COMMIT;
+SELECT status, locked_until > completed_at + interval '1 hour' AS lease_was_extended
+  FROM idempotency.records WHERE scope = 'cp' AND key = 'cp-7';
 
 -- a claim committed in an earlier transaction is probed for
 SELECT outcome FROM idempotency.idem_acquire('cp-6', scope => 'cp', lease => '1 hour');
