@@ -701,13 +701,21 @@ idem_records_fetch(Relation parent, Oid partoid, ItemPointer tid,
 	memset(rec, 0, sizeof(IdemRecord));
 
 	/*
-	 * The partition is locked since the insert, so it is still a partition
-	 * of records: maintenance cannot detach or drop it under our lock on the
-	 * parent.
+	 * Usually the partition has been locked since the insert.  Not when the
+	 * insert's subtransaction was rolled back: its locks went with it, so
+	 * the partition may have been dropped since (then it cannot be opened),
+	 * or vacuumed and truncated below the remembered block, which heap_fetch
+	 * does not check for.  Either way the claim is gone; the caller probes.
 	 */
 	rel = try_table_open(partoid, AccessShareLock);
 	if (rel == NULL)
 		return false;
+	if (rel->rd_rel->relkind != RELKIND_RELATION ||
+		ItemPointerGetBlockNumber(tid) >= RelationGetNumberOfBlocks(rel))
+	{
+		table_close(rel, NoLock);
+		return false;
+	}
 	idem_partition_info(rel, &part);
 	InitDirtySnapshot(dirty);
 	slot = table_slot_create(rel, NULL);
