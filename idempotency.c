@@ -129,6 +129,22 @@ static int	idem_max_response_bytes = 1024 * 1024;	/* bytes */
 static int	idem_partition_interval = 24 * 60 * 60;	/* seconds */
 static int	idem_maintenance_lock_timeout = 100;	/* milliseconds */
 
+/*
+ * Where this backend last wrote a new claim, and in which transaction: a
+ * hint for idem_complete, which in the usual pattern (acquire, business
+ * writes, complete, all in one transaction) then reads the record at that
+ * place instead of probing the partitions for it.  idem_records_fetch checks
+ * that the row there is still that claim.
+ */
+typedef struct IdemLastClaim
+{
+	TransactionId xid;			/* top-level transaction that wrote it */
+	Oid			partoid;
+	ItemPointerData tid;
+} IdemLastClaim;
+
+static IdemLastClaim idem_last_claim = {InvalidTransactionId};
+
 /* idempotency.default_ttl in microseconds */
 static inline int64
 idem_default_ttl_usecs(void)
@@ -1186,6 +1202,12 @@ idem_check_snapshot(Relation parent, text *scope, text *key, bool token,
  * other transaction still writing the record (lock_timeout and cancel apply
  * as to any lock), until the record found is committed or our own.  For the
  * functions that change a record a claim already exists for.
+ *
+ * The claim this transaction made last (the usual pattern: acquire, business
+ * writes, complete) is read where idem_acquire wrote it, if it is still
+ * there and this key's (idem_records_fetch checks); anything else is probed
+ * for.  A version this transaction wrote needs neither a wait nor the
+ * snapshot check.
  */
 static void
 idem_lock_and_read(Relation parent, const LOCKTAG *tag, text *scope,
@@ -1193,6 +1215,17 @@ idem_lock_and_read(Relation parent, const LOCKTAG *tag, text *scope,
 {
 	IdemPasses	passes;
 	IdemWaitClock clock;
+
+	if (TransactionIdIsValid(idem_last_claim.xid) &&
+		idem_last_claim.xid == GetTopTransactionIdIfAny())
+	{
+		(void) idem_lock(tag, ExclusiveLock, false);
+		*now = GetCurrentTimestamp();
+		if (idem_records_fetch(parent, idem_last_claim.partoid,
+							   &idem_last_claim.tid, scope, key, *now, rec))
+			return;
+		idem_unlock(tag, ExclusiveLock);
+	}
 
 	idem_wait_clock_init(&clock);	/* these waits are not counted */
 	idem_passes_init(&passes);
@@ -1456,7 +1489,10 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 			if (newclaim)
 				idem_new_claim(newclaim, session_bound);
 			idem_records_insert(parent, scope, key, false, hash, now,
-								locked_until, expires_at, newclaim);
+								locked_until, expires_at, newclaim,
+								&idem_last_claim.partoid,
+								&idem_last_claim.tid);
+			idem_last_claim.xid = GetTopTransactionIdIfAny();
 			idem_unlock(&tag, ExclusiveLock);
 			rec.attempt = 1;
 			rec.expires_at = expires_at;
@@ -1983,7 +2019,7 @@ idem_token_issue(PG_FUNCTION_ARGS)
 	idem_require_1_1();
 	now = GetCurrentTimestamp();
 	idem_records_insert(parent, scope, token, true, NULL, now, 0, now + ttl,
-						NULL);
+						NULL, NULL, NULL);
 	idem_records_close(parent);
 
 	idem_stats_add(IDEM_STAT_TOKENS_ISSUED, 1);

@@ -93,7 +93,11 @@ extern void idem_records_insert(Relation parent, text *scope, text *key,
 								TimestampTz now,
 								TimestampTz locked_until,
 								TimestampTz expires_at,
-								const IdemClaim *claim);
+								const IdemClaim *claim,
+								Oid *partoid, ItemPointer tid);
+extern bool idem_records_fetch(Relation parent, Oid partoid,
+							   ItemPointer tid, text *scope, text *key,
+							   TimestampTz now, IdemRecord *rec);
 extern void idem_records_takeover(Relation parent, const IdemRecord *rec,
 								  text *scope, text *key, int32 attempt,
 								  TimestampTz locked_until,

@@ -702,6 +702,103 @@ idem_records_live_partitions(Relation parent, TimestampTz now)
 }
 
 
+/*
+ * Are a stored text value and a text the same bytes?  Stricter than the
+ * index's equality under a nondeterministic collation, which only sends
+ * idem_records_fetch's caller to the probe.
+ */
+static bool
+idem_same_text(Datum stored, text *t)
+{
+	text	   *v = (text *) pg_detoast_datum_packed((struct varlena *) DatumGetPointer(stored));
+
+	return VARSIZE_ANY_EXHDR(v) == VARSIZE_ANY_EXHDR(t) &&
+		memcmp(VARDATA_ANY(v), VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t)) == 0;
+}
+
+/*
+ * Read the record of (scope, key) at a known place, without probing: the row
+ * version this transaction inserted at tid in partition partoid, when the
+ * caller remembers one (idem_acquire's new claim, read again by
+ * idem_complete in the same transaction).  The place is only a hint, checked
+ * here: the version must still be the current one (a dirty snapshot sees it:
+ * not updated or deleted since, its subtransaction not rolled back), written
+ * by this transaction, a live key record (not a token) of exactly this
+ * scope and key.  Such a version is the key's one live record, since this
+ * transaction wrote it under the key lock after finding none, and the
+ * caller holds the key lock again.  Returns false, with *rec not found,
+ * when any of that does not hold; the caller then probes as usual.
+ */
+bool
+idem_records_fetch(Relation parent, Oid partoid, ItemPointer tid,
+				   text *scope, text *key, TimestampTz now, IdemRecord *rec)
+{
+	Relation	rel;
+	IdemPartition part;
+	TupleTableSlot *slot;
+	SnapshotData dirty;
+	bool		ok = false;
+
+	memset(rec, 0, sizeof(IdemRecord));
+
+	/*
+	 * Usually the partition has been locked since the insert.  Not when the
+	 * insert's subtransaction was rolled back: its locks went with it, so
+	 * the partition may have been dropped since (then it cannot be opened),
+	 * or vacuumed and truncated below the remembered block, which heap_fetch
+	 * does not check for.  Either way the claim is gone; the caller probes.
+	 */
+	rel = try_table_open(partoid, AccessShareLock);
+	if (rel == NULL)
+		return false;
+	if (rel->rd_rel->relkind != RELKIND_RELATION ||
+		ItemPointerGetBlockNumber(tid) >= RelationGetNumberOfBlocks(rel))
+	{
+		table_close(rel, NoLock);
+		return false;
+	}
+	idem_partition_info(rel, &part);
+	InitDirtySnapshot(dirty);
+	slot = table_slot_create(rel, NULL);
+	if (table_tuple_fetch_row_version(rel, tid, &dirty, slot))
+	{
+		HeapTuple	tuple;
+		bool		should_free;
+		bool		mine;
+		bool		isnull;
+		Datum		d;
+
+		tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+		mine = !TransactionIdIsValid(dirty.xmin) &&
+			!TransactionIdIsValid(dirty.xmax) &&
+			TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data));
+		if (should_free)
+			heap_freetuple(tuple);
+
+		if (mine)
+		{
+			d = slot_getattr(slot, part.attnum[COL_SCOPE], &isnull);
+			mine = !isnull && idem_same_text(d, scope);
+		}
+		if (mine)
+		{
+			d = slot_getattr(slot, part.attnum[COL_KEY], &isnull);
+			mine = !isnull && idem_same_text(d, key);
+		}
+		if (mine)
+		{
+			idem_fill_record(rec, rel, &part, slot);
+			ok = !rec->is_token && rec->expires_at > now;
+			if (!ok)
+				memset(rec, 0, sizeof(IdemRecord));
+		}
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	table_close(rel, NoLock);
+	return ok;
+}
+
+
 /* ----------------------------------------------------------------
  * Writing
  * ----------------------------------------------------------------
@@ -893,13 +990,15 @@ idem_claim_columns(const IdemClaim *claim, Datum *values, bool *nulls)
 /*
  * Insert a new processing record (attempt 1), or an unconsumed one-time
  * token (token; no hash, lease or claim).  The caller holds the key lock and
- * has found no live record of that kind.
+ * has found no live record of that kind.  Where partoid and tid are not
+ * NULL, they are set to where the new row version is (for
+ * idem_records_fetch).
  */
 void
 idem_records_insert(Relation parent, text *scope, text *key, bool token,
 					bytea *request_hash, TimestampTz now,
 					TimestampTz locked_until, TimestampTz expires_at,
-					const IdemClaim *claim)
+					const IdemClaim *claim, Oid *partoid, ItemPointer tid)
 {
 	Relation	rel;
 	IdemPartition part;
@@ -936,6 +1035,10 @@ idem_records_insert(Relation parent, text *scope, text *key, bool token,
 		idem_filter_note(RelationGetRelid(rel), idem_filter_hash(scope, key));
 	simple_heap_insert(rel, tuple);
 	idem_insert_index_entries(rel, tuple, false, false);
+	if (partoid != NULL)
+		*partoid = RelationGetRelid(rel);
+	if (tid != NULL)
+		*tid = tuple->t_self;
 	table_close(rel, NoLock);
 
 	CommandCounterIncrement();

@@ -40,6 +40,12 @@ SELECT p.proname,
                      'idem_lookup', 'idem_request_hash', 'idem_extend')
  ORDER BY p.proname;
 
+-- idem_acquire's row type: the contract's result columns, in order
+SELECT a.attnum, a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) AS type
+  FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid
+ WHERE t.oid = 'idempotency.acquire_result'::regtype AND a.attnum > 0 AND NOT a.attisdropped
+ ORDER BY a.attnum;
+
 SELECT proname, provolatile, proisstrict
   FROM pg_proc
  WHERE oid = 'idempotency.idem_request_hash(jsonb)'::regprocedure;

@@ -69,6 +69,20 @@ SELECT pg_catalog.left(r::text, 50) AS request, pg_catalog.octet_length(r::text)
                ('{}'),
                ('{"nested": {"z": [1, {"y": null}], "a": "quote\" backslash\\ tab\t"}}'),
                (jsonb_build_object('long', repeat('x', 100000)))) AS t(r);
+-- idem_request_hash against the server's sha256(), for canonical
+-- texts of every length from 2 to 300 bytes (one, two and more blocks, and
+-- each side of the 55/56-byte padding boundary), with varied bytes
+SELECT pg_catalog.count(*) AS texts,
+       pg_catalog.min(pg_catalog.octet_length(r::text)) AS shortest,
+       pg_catalog.max(pg_catalog.octet_length(r::text)) AS longest,
+       pg_catalog.count(*) FILTER (WHERE idempotency.idem_request_hash(r)
+                                   <> sha256(convert_to(r::text, 'UTF8'))) AS differ
+  FROM (SELECT pg_catalog.to_jsonb(pg_catalog.string_agg(pg_catalog.chr(33 + (n * 7 + i * 13) % 90), ''
+                                                         ORDER BY i)) AS r
+          FROM pg_catalog.generate_series(0, 298) n,
+               LATERAL pg_catalog.generate_series(1, n) i
+         GROUP BY n
+        UNION ALL SELECT '""'::jsonb) t;
 -- key order and white space give the same hash
 SELECT idempotency.idem_request_hash('{"b":2,"a":1}') = idempotency.idem_request_hash(E'{ "a" : 1,\n "b" : 2 }') AS same;
 -- STRICT: NULL in, NULL out
