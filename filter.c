@@ -25,7 +25,8 @@
  * - A build (idem_build_filters) marks the slot BUILDING, waits for every
  *   transaction that held RowExclusiveLock on the partition before (as
  *   CREATE INDEX CONCURRENTLY does; later inserters see BUILDING and add
- *   their keys themselves), then adds every tuple of the heap (SnapshotAny)
+ *   their keys themselves; if they do not end in time the build gives up
+ *   and frees the slot), then adds every tuple of the heap (SnapshotAny)
  *   and marks the slot READY.  It holds ShareUpdateExclusiveLock on the
  *   partition, which keeps the trigger from being disabled, dropped or
  *   joined by another trigger meanwhile.
@@ -86,6 +87,7 @@
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/timestamp.h"
 
 #include "compat.h"
 #include "idempotency.h"
@@ -127,6 +129,7 @@ typedef struct IdemFilterShared
 /* GUC variables */
 static int	idem_filters = 16;
 static int	idem_filter_size = 1024;	/* kB */
+static bool idem_use_filters = true;
 
 /* Saved hook values */
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
@@ -152,6 +155,15 @@ PG_FUNCTION_INFO_V1(idem_filters_sql);
 void
 idem_filter_init(void)
 {
+	DefineCustomBoolVariable("idempotency.use_filters",
+							 "Lets idem_acquire skip the partitions whose known-absent filter rules the key out.",
+							 "Off, every live partition's index is descended, as without filters.",
+							 &idem_use_filters,
+							 true,
+							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
+
 	if (!process_shared_preload_libraries_in_progress)
 		return;
 
@@ -392,16 +404,16 @@ idem_filter_absent(Oid relid, uint64 hash)
 }
 
 /*
- * May this transaction use the filters?  Not without them, not during
- * recovery (nothing built before promotion is trusted, nothing is built on
- * a standby), and not under SERIALIZABLE, whose predicate locks come from
- * the index scans.
+ * May this transaction use the filters?  Not without them, not with
+ * idempotency.use_filters off, not during recovery (nothing built before
+ * promotion is trusted, nothing is built on a standby), and not under
+ * SERIALIZABLE, whose predicate locks come from the index scans.
  */
 bool
 idem_filter_usable(void)
 {
-	return idem_filter_shared != NULL && !IsolationIsSerializable() &&
-		!RecoveryInProgress();
+	return idem_filter_shared != NULL && idem_use_filters &&
+		!IsolationIsSerializable() && !RecoveryInProgress();
 }
 
 /*
@@ -796,22 +808,55 @@ idem_filter_claim_slot(Oid relid, uint32 *gen)
 }
 
 /*
- * Build the filter of one partition into a BUILDING slot: wait for the
- * transactions that may have inserted without seeing BUILDING, then add
- * every tuple of the heap.
+ * Wait for the transactions that held RowExclusiveLock on partition relid
+ * when its slot became BUILDING: they may have read the slot as FREE and
+ * insert without adding their keys.  Later ones see BUILDING.  As CREATE
+ * INDEX CONCURRENTLY does, but polling, so that the wait can end at
+ * max_wait_ms (negative: no end); false if it did.
+ */
+static bool
+idem_filter_wait_inserters(Oid relid, int max_wait_ms)
+{
+	LOCKTAG		tag;
+	VirtualTransactionId *vxids;
+	TimestampTz deadline = 0;
+
+	if (max_wait_ms >= 0)
+		deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+											   max_wait_ms);
+	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
+	vxids = GetLockConflicts(&tag, ShareLock, NULL);
+	for (; VirtualTransactionIdIsValid(*vxids); vxids++)
+	{
+		/* without an end, a lock wait that pg_locks and deadlock checks see */
+		if (max_wait_ms < 0)
+		{
+			(void) VirtualXactLock(*vxids, true);
+			continue;
+		}
+		while (!VirtualXactLock(*vxids, false))
+		{
+			if (GetCurrentTimestamp() >= deadline)
+				return false;
+			CHECK_FOR_INTERRUPTS();
+			pg_usleep(1000L);
+		}
+	}
+	return true;
+}
+
+/*
+ * Fill a BUILDING slot with every tuple of the partition's heap, dead and
+ * in-progress ones too (SnapshotAny): more bits only cost descents.
  */
 static void
 idem_filter_fill(Relation rel, IdemFilterSlot *slot)
 {
-	LOCKTAG		tag;
 	TableScanDesc scan;
 	HeapTuple	tuple;
 	TupleDesc	desc = RelationGetDescr(rel);
 	AttrNumber	scope_att = get_attnum(RelationGetRelid(rel), "scope");
 	AttrNumber	key_att = get_attnum(RelationGetRelid(rel), "key");
-
-	SET_LOCKTAG_RELATION(tag, MyDatabaseId, RelationGetRelid(rel));
-	WaitForLockers(tag, ShareLock, false);
 
 	scan = table_beginscan(rel, SnapshotAny, 0, NULL);
 	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
@@ -852,11 +897,18 @@ idem_filter_reclaim(List *live)
 }
 
 /*
- * idempotency.build_filters(): build the filters of the live partitions
- * (and DEFAULT) that have none READY, while slots last; returns how many
- * were built.  Only the owner of idempotency.records, never during
- * recovery.  A partition whose trigger is missing, not ENABLE ALWAYS or not
- * the last BEFORE ROW trigger is skipped.
+ * idempotency.build_filters(max_wait interval DEFAULT NULL): build the
+ * filters of the live partitions (and DEFAULT) that have none READY, while
+ * slots last; returns how many were built.  Only the owner of
+ * idempotency.records, never during recovery.
+ *
+ * A partition is skipped, for a later run to build, when another session
+ * holds a lock on it that conflicts with SHARE UPDATE EXCLUSIVE (a build,
+ * DDL, VACUUM), when transactions that were inserting into it when its
+ * build began are still running after max_wait (NULL: wait for them), and
+ * when its trigger is missing, not ENABLE ALWAYS or not the last BEFORE
+ * ROW trigger.  idem_maintain() calls it with maintenance_lock_timeout, so
+ * that a long transaction costs a filter, never the partition work.
  */
 Datum
 idem_build_filters(PG_FUNCTION_ARGS)
@@ -865,6 +917,7 @@ idem_build_filters(PG_FUNCTION_ARGS)
 	List	   *parts;
 	ListCell   *lc;
 	int32		built = 0;
+	int			max_wait_ms = -1;
 
 	if (idem_filter_shared == NULL)
 		ereport(ERROR,
@@ -879,6 +932,20 @@ idem_build_filters(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
 				 errmsg("idempotency filters can only be built at isolation level READ COMMITTED")));
+	if (!PG_ARGISNULL(0))
+	{
+		Interval   *wait = PG_GETARG_INTERVAL_P(0);
+		double		ms;
+
+		ms = ((double) wait->time / 1000.0 +
+			  ((double) wait->month * DAYS_PER_MONTH + wait->day) *
+			  (double) SECS_PER_DAY * 1000.0);
+		if (ms < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("max_wait must not be negative")));
+		max_wait_ms = ms >= INT_MAX ? -1 : (int) ms;
+	}
 
 	parent = idem_records_open();
 	if (!idem_class_ownercheck(RelationGetRelid(parent), GetUserId()))
@@ -900,42 +967,66 @@ idem_build_filters(PG_FUNCTION_ARGS)
 		if (slot != NULL && pg_atomic_read_u32(&slot->state) == FILTER_READY)
 			continue;
 
-		/* conflicts with trigger DDL, not with inserts */
-		rel = try_relation_open(relid, ShareUpdateExclusiveLock);
-		if (rel == NULL)
+		/*
+		 * SHARE UPDATE EXCLUSIVE conflicts with trigger DDL and other builds,
+		 * not with inserts.  Never wait for it: whoever holds it may be
+		 * waiting for us.
+		 */
+		if (!ConditionalLockRelationOid(relid, ShareUpdateExclusiveLock))
 			continue;
+		rel = try_relation_open(relid, NoLock);
+		if (rel == NULL)
+		{
+			UnlockRelationOid(relid, ShareUpdateExclusiveLock);
+			continue;
+		}
 		if (!idem_filter_rel_ok(rel))
 		{
-			relation_close(rel, ShareUpdateExclusiveLock);
 			ereport(NOTICE,
 					(errmsg("no idempotency filter for partition \"%s\"",
 							RelationGetRelationName(rel)),
 					 errdetail("Its trigger \"%s\" is missing, not ENABLE ALWAYS or not its last BEFORE ROW trigger, or its scope or key has a nondeterministic collation.",
 							   IDEM_FILTER_TRIGGER)));
+			relation_close(rel, ShareUpdateExclusiveLock);
 			continue;
 		}
 
 		build.slot = idem_filter_claim_slot(relid, &build.gen);
 		if (build.slot == NULL)
 		{
-			relation_close(rel, NoLock);
+			relation_close(rel, ShareUpdateExclusiveLock);
 			break;
 		}
 		PG_ENSURE_ERROR_CLEANUP(idem_filter_build_cleanup, PointerGetDatum(&build));
 		{
-			idem_filter_fill(rel, build.slot);
+			if (idem_filter_wait_inserters(relid, max_wait_ms))
+				idem_filter_fill(rel, build.slot);
+			else
+			{
+				ereport(NOTICE,
+						(errmsg("idempotency filter of partition \"%s\" not built",
+								RelationGetRelationName(rel)),
+						 errdetail("Transactions that were inserting into it when the build began were still running after %d ms.",
+								   max_wait_ms),
+						 errhint("It is built by a later run.")));
+				idem_filter_build_cleanup(0, PointerGetDatum(&build));
+				build.slot = NULL;
+			}
 		}
 		PG_END_ENSURE_ERROR_CLEANUP(idem_filter_build_cleanup, PointerGetDatum(&build));
 
-		LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
-		if (pg_atomic_read_u32(&build.slot->gen) == build.gen &&
-			pg_atomic_read_u32(&build.slot->state) == FILTER_BUILDING)
+		if (build.slot != NULL)
 		{
-			pg_write_barrier();
-			pg_atomic_write_u32(&build.slot->state, FILTER_READY);
-			built++;
+			LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
+			if (pg_atomic_read_u32(&build.slot->gen) == build.gen &&
+				pg_atomic_read_u32(&build.slot->state) == FILTER_BUILDING)
+			{
+				pg_write_barrier();
+				pg_atomic_write_u32(&build.slot->state, FILTER_READY);
+				built++;
+			}
+			LWLockRelease(idem_filter_shared->lock);
 		}
-		LWLockRelease(idem_filter_shared->lock);
 		relation_close(rel, NoLock);
 	}
 	idem_records_close(parent);

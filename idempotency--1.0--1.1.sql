@@ -427,10 +427,10 @@ CREATE TRIGGER zz_records_filter
 
 ALTER TABLE idempotency.records ENABLE ALWAYS TRIGGER zz_records_filter;
 
-CREATE FUNCTION idempotency.build_filters()
+CREATE FUNCTION idempotency.build_filters(max_wait interval DEFAULT NULL)
 RETURNS int
 AS 'MODULE_PATHNAME', 'idem_build_filters'
-LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
 CREATE FUNCTION idempotency.idem_filters(
     OUT partition       regclass,
@@ -443,13 +443,16 @@ AS 'MODULE_PATHNAME', 'idem_filters_sql'
 LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
 
 --
--- idem_maintain() gains the daily reconciliation.  1.0's function keeps its
--- body as idempotency.maintain_partitions(); the new one runs
--- record_daily() first, so that the ACCESS EXCLUSIVE lock partition work
--- takes is held for no longer than before, and in a subtransaction, so that
--- a failure of the statistics (a role without rights to them, say) never
+-- idem_maintain() gains the daily reconciliation and the filters' builds.
+-- 1.0's function keeps its body as idempotency.maintain_partitions(); the
+-- new one runs record_daily() and build_filters() first, so that the ACCESS
+-- EXCLUSIVE lock partition work takes is held for no longer than before
+-- (a build scans whole partitions; it takes only SHARE UPDATE EXCLUSIVE on
+-- each, which acquires do not wait for).  Each runs in a subtransaction,
+-- so that its failure (a role without rights to the statistics, say) never
 -- keeps the partitions from being made and dropped: it is a WARNING.  The
--- pg_cron job calls idem_maintain() by name.
+-- partitions made here get their filters at the next run.  The pg_cron job
+-- calls idem_maintain() by name.
 --
 ALTER FUNCTION idempotency.idem_maintain() RENAME TO maintain_partitions;
 
@@ -465,19 +468,19 @@ BEGIN
         RAISE WARNING 'idempotency maintenance could not record the daily statistics: %', SQLERRM
             USING ERRCODE = SQLSTATE;
     END;
-    RETURN QUERY SELECT m.partitions_created, m.partitions_dropped
-                   FROM idempotency.maintain_partitions() m;
-    -- The filters of partitions made or left without one (a failure is a
-    -- WARNING: the filters only save work).
     IF pg_catalog.current_setting('idempotency.filters', true)
        OPERATOR(pg_catalog.<>) '0' THEN
         BEGIN
-            PERFORM idempotency.build_filters();
+            PERFORM idempotency.build_filters(pg_catalog.make_interval(
+                secs => (idempotency.maintenance_settings()).lock_timeout_ms
+                        OPERATOR(pg_catalog./) 1000.0));
         EXCEPTION WHEN OTHERS THEN
             RAISE WARNING 'idempotency maintenance could not build the filters: %', SQLERRM
                 USING ERRCODE = SQLSTATE;
         END;
     END IF;
+    RETURN QUERY SELECT m.partitions_created, m.partitions_dropped
+                   FROM idempotency.maintain_partitions() m;
 END
 $$;
 
@@ -497,7 +500,7 @@ REVOKE ALL ON FUNCTION idempotency.owner_alive(int, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.record_daily() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.idem_maintain() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.records_note_key() FROM PUBLIC;
-REVOKE ALL ON FUNCTION idempotency.build_filters() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.build_filters(interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.idem_filters() FROM PUBLIC;
 
 --

@@ -127,6 +127,7 @@ typedef struct IdemPartition
 {
 	Oid			relid;			/* hash key */
 	Oid			indexoid;
+	bool		bytewise;		/* index compares scope and key by bytes */
 	AttrNumber	attnum[IDEM_NCOLUMNS];
 } IdemPartition;
 
@@ -217,6 +218,7 @@ idem_partition_info(Relation rel, IdemPartition *result)
 
 		info.relid = relid;
 		info.indexoid = InvalidOid;
+		info.bytewise = false;
 		for (i = 0; i < IDEM_NCOLUMNS; i++)
 		{
 			info.attnum[i] = get_attnum(relid, idem_column_names[i]);
@@ -234,6 +236,8 @@ idem_partition_info(Relation rel, IdemPartition *result)
 			HeapTuple	tup;
 			Form_pg_index index;
 			bool		usable;
+			bool		bytewise = false;
+			bool		isnull;
 
 			tup = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(indexoid));
 			if (!HeapTupleIsValid(tup))
@@ -245,6 +249,21 @@ idem_partition_info(Relation rel, IdemPartition *result)
 				index->indkey.values[1] == info.attnum[COL_KEY] &&
 				heap_attisnull(tup, Anum_pg_index_indexprs, NULL) &&
 				heap_attisnull(tup, Anum_pg_index_indpred, NULL);
+			if (usable)
+			{
+				Datum		d;
+				oidvector  *colls;
+
+				/* equality by bytes only with deterministic collations */
+				d = SysCacheGetAttr(INDEXRELID, tup, Anum_pg_index_indcollation,
+									&isnull);
+				colls = (oidvector *) DatumGetPointer(d);
+				bytewise = !isnull &&
+					(!OidIsValid(colls->values[0]) ||
+					 get_collation_isdeterministic(colls->values[0])) &&
+					(!OidIsValid(colls->values[1]) ||
+					 get_collation_isdeterministic(colls->values[1]));
+			}
 			ReleaseSysCache(tup);
 
 			if (usable)
@@ -253,7 +272,10 @@ idem_partition_info(Relation rel, IdemPartition *result)
 				if (HeapTupleIsValid(tup))
 				{
 					if (((Form_pg_class) GETSTRUCT(tup))->relam == BTREE_AM_OID)
+					{
 						info.indexoid = indexoid;
+						info.bytewise = bytewise;
+					}
 					ReleaseSysCache(tup);
 				}
 			}
@@ -602,6 +624,25 @@ idem_probe(Oid relid, text *scope, text *key, bool token, TimestampTz now,
 }
 
 /*
+ * Does partition relid's known-absent filter rule out the key of this hash?
+ * Only where this backend has probed the partition before and its probe
+ * index compares scope and key by bytes, as the filter's hash does: under a
+ * nondeterministic collation the index finds keys of other bytes.  The
+ * cache entry goes with any change of the partition's indexes, and then
+ * the next probe opens the partition and looks again.
+ */
+static bool
+idem_ruled_out(Oid relid, uint64 hash)
+{
+	IdemPartition *entry;
+
+	if (idem_partitions == NULL)
+		return false;
+	entry = hash_search(idem_partitions, &relid, HASH_FIND, NULL);
+	return entry != NULL && entry->bytewise && idem_filter_absent(relid, hash);
+}
+
+/*
  * Find the live record of (scope, key) as of now, as seen by snapshot: a
  * one-time token's if token, else an idempotency key's; the two kinds never
  * see each other.  rec->shadow_expires is the expires_at of a live record of
@@ -661,7 +702,7 @@ idem_records_find(Relation parent, text *scope, text *key, bool token,
 	if (use_filter)
 		hash = idem_filter_hash(scope, key);
 #define IDEM_PROBE(relid) \
-	(!(use_filter && idem_filter_absent((relid), hash)) && \
+	(!(use_filter && idem_ruled_out((relid), hash)) && \
 	 idem_probe((relid), scope, key, token, now, snapshot, rec))
 
 	/* start, then down to the oldest live range, then up */
