@@ -54,6 +54,7 @@
 
 #include <math.h>
 
+#include "access/detoast.h"
 #include "access/genam.h"
 #include "access/heapam.h"
 #include "access/htup_details.h"
@@ -68,6 +69,8 @@
 #include "catalog/pg_class.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_database.h"
+#include "catalog/pg_language.h"
+#include "catalog/pg_proc.h"
 #include "catalog/pg_trigger.h"
 #include "commands/trigger.h"
 #include "common/hashfn.h"
@@ -87,6 +90,7 @@
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "compat.h"
@@ -143,6 +147,11 @@ static void idem_filter_shmem_request(void);
 static void idem_filter_shmem_startup(void);
 static void idem_filter_object_access(ObjectAccessType access, Oid classId,
 									  Oid objectId, int subId, void *arg);
+static void idem_filter_xact_callback(XactEvent event, void *arg);
+static void idem_filter_subxact_callback(SubXactEvent event,
+										 SubTransactionId mySubid,
+										 SubTransactionId parentSubid,
+										 void *arg);
 
 PG_FUNCTION_INFO_V1(idem_records_note_key);
 PG_FUNCTION_INFO_V1(idem_build_filters);
@@ -194,6 +203,8 @@ idem_filter_init(void)
 	shmem_startup_hook = idem_filter_shmem_startup;
 	prev_object_access_hook = object_access_hook;
 	object_access_hook = idem_filter_object_access;
+	RegisterXactCallback(idem_filter_xact_callback, NULL);
+	RegisterSubXactCallback(idem_filter_subxact_callback, NULL);
 }
 
 static Size
@@ -501,7 +512,9 @@ idem_filter_is_parent(Oid relid)
 static void
 idem_filter_invalidate_rel(Oid relid, bool parent_too)
 {
-	idem_filter_invalidate(MyDatabaseId, relid);
+	/* most relations have no slot: do not take the lock for them */
+	if (idem_filter_find(MyDatabaseId, relid) != NULL)
+		idem_filter_invalidate(MyDatabaseId, relid);
 	if (parent_too && idem_filter_is_parent(relid))
 		idem_filter_invalidate(MyDatabaseId, InvalidOid);
 }
@@ -532,11 +545,28 @@ idem_filter_trigger_relid(Oid trigoid)
 }
 
 /*
+ * Is function funcoid idempotency.records_note_key?  By the catalog row
+ * this command sees (for CREATE OR REPLACE, the row being replaced).
+ */
+static bool
+idem_filter_is_note_function(Oid funcoid)
+{
+	char	   *name = get_func_name(funcoid);
+	Oid			nspoid;
+
+	if (name == NULL || strcmp(name, IDEM_FILTER_FUNCTION) != 0)
+		return false;
+	nspoid = get_namespace_oid("idempotency", true);
+	return OidIsValid(nspoid) && get_func_namespace(funcoid) == nspoid;
+}
+
+/*
  * object_access_hook: invalidate the filters that a catalog change may
- * leave wrong.  Every trigger change of a partition (ENABLE, DISABLE,
- * rename, drop), every change of a partition (its columns, say), the drop
- * of a partition or database.  Conservative: a change that cannot matter
- * only costs a rebuild.
+ * leave wrong.  Every trigger made, replaced (CREATE OR REPLACE TRIGGER
+ * reports a create), altered (ENABLE, DISABLE, rename) or dropped on a
+ * partition; every change of a partition (its columns, say); the drop of a
+ * partition or database; the trigger function replaced or altered.
+ * Conservative: a change that cannot matter only costs a rebuild.
  */
 static void
 idem_filter_object_access(ObjectAccessType access, Oid classId,
@@ -546,7 +576,8 @@ idem_filter_object_access(ObjectAccessType access, Oid classId,
 		prev_object_access_hook(access, classId, objectId, subId, arg);
 
 	if (idem_filter_shared == NULL ||
-		(access != OAT_POST_ALTER && access != OAT_DROP))
+		(access != OAT_POST_CREATE && access != OAT_POST_ALTER &&
+		 access != OAT_DROP))
 		return;
 
 	if (classId == TriggerRelationId)
@@ -555,10 +586,10 @@ idem_filter_object_access(ObjectAccessType access, Oid classId,
 
 		if (OidIsValid(relid))
 			idem_filter_invalidate_rel(relid, true);
-		else
+		else if (access != OAT_POST_CREATE)
 			idem_filter_invalidate(MyDatabaseId, InvalidOid);
 	}
-	else if (classId == RelationRelationId)
+	else if (classId == RelationRelationId && access != OAT_POST_CREATE)
 	{
 		/*
 		 * A column of the parent changed: the partitions' hooks fire too,
@@ -567,6 +598,11 @@ idem_filter_object_access(ObjectAccessType access, Oid classId,
 		 */
 		idem_filter_invalidate_rel(objectId,
 								   access == OAT_DROP || subId != 0);
+	}
+	else if (classId == ProcedureRelationId && access != OAT_DROP)
+	{
+		if (idem_filter_is_note_function(objectId))
+			idem_filter_invalidate(MyDatabaseId, InvalidOid);
 	}
 	else if (classId == DatabaseRelationId && access == OAT_DROP)
 		idem_filter_invalidate(objectId, InvalidOid);
@@ -586,7 +622,8 @@ idem_filter_trigger_is_last(TriggerDesc *trigdesc, int i)
 
 	if (ours->tgenabled != TRIGGER_FIRES_ALWAYS ||
 		!TRIGGER_FOR_ROW(ours->tgtype) || !TRIGGER_FOR_BEFORE(ours->tgtype) ||
-		!TRIGGER_FOR_INSERT(ours->tgtype) || !TRIGGER_FOR_UPDATE(ours->tgtype))
+		!TRIGGER_FOR_INSERT(ours->tgtype) || !TRIGGER_FOR_UPDATE(ours->tgtype) ||
+		ours->tgqual != NULL || ours->tgnattr != 0)
 		return false;
 	for (j = i + 1; j < trigdesc->numtriggers; j++)
 	{
@@ -601,46 +638,76 @@ idem_filter_trigger_is_last(TriggerDesc *trigdesc, int i)
 }
 
 /*
- * Does partition rel have our trigger, ENABLE ALWAYS and last?  And do its
- * scope and key compare by bytes (deterministic collations), as the hash
- * does?
+ * Is trigger function funcoid ours: idempotency.records_note_key, in C,
+ * bound to our symbol (not a replacement in another language)?
+ */
+static bool
+idem_filter_function_ok(Oid funcoid)
+{
+	HeapTuple	tup;
+	bool		ok = false;
+
+	if (!idem_filter_is_note_function(funcoid))
+		return false;
+	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcoid));
+	if (!HeapTupleIsValid(tup))
+		return false;
+	if (((Form_pg_proc) GETSTRUCT(tup))->prolang == ClanguageId)
+	{
+		bool		isnull;
+		Datum		src = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_prosrc,
+										  &isnull);
+
+		ok = !isnull && strcmp(TextDatumGetCString(src),
+							   "idem_records_note_key") == 0;
+	}
+	ReleaseSysCache(tup);
+	return ok;
+}
+
+/*
+ * Does partition rel have our trigger, with our function, ENABLE ALWAYS,
+ * without WHEN or column list, and last?  (Whether its probe index
+ * compares by bytes, as the filter's hash does, the reader checks:
+ * idem_ruled_out in records.c.)
  */
 static bool
 idem_filter_rel_ok(Relation rel)
 {
 	TriggerDesc *trigdesc = rel->trigdesc;
-	Oid			nspoid = get_namespace_oid("idempotency", true);
 	int			i;
-	const char *cols[] = {"scope", "key"};
 
-	for (i = 0; i < lengthof(cols); i++)
-	{
-		AttrNumber	att = get_attnum(RelationGetRelid(rel), cols[i]);
-		Oid			coll;
-
-		if (att == InvalidAttrNumber)
-			return false;
-		coll = TupleDescAttr(RelationGetDescr(rel), att - 1)->attcollation;
-		if (OidIsValid(coll) && !get_collation_isdeterministic(coll))
-			return false;
-	}
-
+	if (get_attnum(RelationGetRelid(rel), "scope") == InvalidAttrNumber ||
+		get_attnum(RelationGetRelid(rel), "key") == InvalidAttrNumber)
+		return false;
 	if (trigdesc == NULL)
 		return false;
 	for (i = 0; i < trigdesc->numtriggers; i++)
 	{
 		Trigger    *t = &trigdesc->triggers[i];
-		char	   *fname;
 
 		if (strcmp(t->tgname, IDEM_FILTER_TRIGGER) != 0)
 			continue;
-		fname = get_func_name(t->tgfoid);
-		if (fname == NULL || strcmp(fname, IDEM_FILTER_FUNCTION) != 0 ||
-			get_func_namespace(t->tgfoid) != nspoid)
-			return false;
-		return idem_filter_trigger_is_last(trigdesc, i);
+		return idem_filter_function_ok(t->tgfoid) &&
+			idem_filter_trigger_is_last(trigdesc, i);
 	}
 	return false;
+}
+
+/*
+ * Is this stored scope or key too long for any call to look up?  Only a
+ * value kept out of line is checked, by its toast pointer, without reading
+ * the TOAST table: a dead tuple's TOAST rows may already be gone (a build
+ * reads dead tuples too), and a value that long cannot be in a filter's
+ * answer anyway.
+ */
+static bool
+idem_filter_unprobeable(Datum value)
+{
+	struct varlena *v = (struct varlena *) DatumGetPointer(value);
+
+	return VARATT_IS_EXTERNAL(v) &&
+		toast_raw_datum_size(value) - VARHDRSZ > IDEM_MAX_KEY_BYTES;
 }
 
 /*
@@ -658,10 +725,10 @@ idem_filter_tuple_hash(HeapTuple tuple, TupleDesc desc, AttrNumber scope_att,
 	text	   *k;
 
 	scope = heap_getattr(tuple, scope_att, desc, &isnull);
-	if (isnull)
+	if (isnull || idem_filter_unprobeable(scope))
 		return false;
 	key = heap_getattr(tuple, key_att, desc, &isnull);
-	if (isnull)
+	if (isnull || idem_filter_unprobeable(key))
 		return false;
 	s = (text *) pg_detoast_datum_packed((struct varlena *) DatumGetPointer(scope));
 	k = (text *) pg_detoast_datum_packed((struct varlena *) DatumGetPointer(key));
@@ -765,6 +832,98 @@ idem_filter_build_cleanup(int code, Datum arg)
 }
 
 /*
+ * The filters this transaction made READY, with the subtransaction that
+ * made each.  A build trusts the triggers it sees, and this transaction's
+ * own changes of them (ENABLE ALWAYS, say) are undone by a rollback that
+ * no hook reports: so a filter made READY by a (sub)transaction that does
+ * not commit is dropped with it, and so is one made by a transaction that
+ * is prepared (its outcome is not known here).
+ */
+typedef struct IdemFilterMade
+{
+	IdemFilterSlot *slot;
+	uint32		gen;
+	SubTransactionId subid;
+} IdemFilterMade;
+
+static IdemFilterMade *idem_filters_made = NULL;	/* idem_filters slots */
+static int	idem_filters_nmade = 0;
+
+static void
+idem_filter_remember(IdemFilterSlot *slot, uint32 gen)
+{
+	if (idem_filters_made == NULL)
+		idem_filters_made = MemoryContextAlloc(TopMemoryContext,
+											   sizeof(IdemFilterMade) * idem_filter_shared->nslots);
+	if (idem_filters_nmade >= idem_filter_shared->nslots)
+		return;					/* cannot happen: one per slot */
+	idem_filters_made[idem_filters_nmade].slot = slot;
+	idem_filters_made[idem_filters_nmade].gen = gen;
+	idem_filters_made[idem_filters_nmade].subid = GetCurrentSubTransactionId();
+	idem_filters_nmade++;
+}
+
+/*
+ * Drop the filters made by subtransaction subid or its children (all of
+ * them for InvalidSubTransactionId), if still theirs.
+ */
+static void
+idem_filter_forget_made(SubTransactionId subid)
+{
+	int			i;
+	int			kept = 0;
+
+	for (i = 0; i < idem_filters_nmade; i++)
+	{
+		IdemFilterMade *m = &idem_filters_made[i];
+
+		if (subid != InvalidSubTransactionId && m->subid < subid)
+		{
+			idem_filters_made[kept++] = *m;
+			continue;
+		}
+		LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
+		if (pg_atomic_read_u32(&m->slot->gen) == m->gen)
+		{
+			idem_filter_free_slot(m->slot);
+			m->slot->db = InvalidOid;
+			m->slot->relid = InvalidOid;
+		}
+		LWLockRelease(idem_filter_shared->lock);
+	}
+	idem_filters_nmade = kept;
+}
+
+static void
+idem_filter_xact_callback(XactEvent event, void *arg)
+{
+	if (idem_filters_nmade == 0)
+		return;
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+			idem_filters_nmade = 0;
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			idem_filter_forget_made(InvalidSubTransactionId);
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+idem_filter_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+							 SubTransactionId parentSubid, void *arg)
+{
+	if (event == SUBXACT_EVENT_ABORT_SUB && idem_filters_nmade > 0)
+		idem_filter_forget_made(mySubid);
+}
+
+/*
  * Take a slot for (MyDatabaseId, relid) and mark it BUILDING with its bits
  * cleared: the partition's own slot if it has one, else a free one.  NULL
  * when none is left.
@@ -839,7 +998,7 @@ idem_filter_wait_inserters(Oid relid, int max_wait_ms)
 			if (GetCurrentTimestamp() >= deadline)
 				return false;
 			CHECK_FOR_INTERRUPTS();
-			pg_usleep(1000L);
+			pg_usleep(5000L);
 		}
 	}
 	return true;
@@ -985,7 +1144,7 @@ idem_build_filters(PG_FUNCTION_ARGS)
 			ereport(NOTICE,
 					(errmsg("no idempotency filter for partition \"%s\"",
 							RelationGetRelationName(rel)),
-					 errdetail("Its trigger \"%s\" is missing, not ENABLE ALWAYS or not its last BEFORE ROW trigger, or its scope or key has a nondeterministic collation.",
+					 errdetail("Its trigger \"%s\" is missing, not ENABLE ALWAYS, has a WHEN condition or a column list, does not call idempotency.records_note_key(), or is not its last BEFORE ROW trigger.",
 							   IDEM_FILTER_TRIGGER)));
 			relation_close(rel, ShareUpdateExclusiveLock);
 			continue;
@@ -1023,6 +1182,7 @@ idem_build_filters(PG_FUNCTION_ARGS)
 			{
 				pg_write_barrier();
 				pg_atomic_write_u32(&build.slot->state, FILTER_READY);
+				idem_filter_remember(build.slot, build.gen);
 				built++;
 			}
 			LWLockRelease(idem_filter_shared->lock);

@@ -99,9 +99,6 @@ PG_MODULE_MAGIC;
 void		_PG_init(void);
 #endif
 
-/* Largest key and scope, in bytes */
-#define IDEM_MAX_KEY_BYTES		255
-
 /* locktag_field4 of our key locks; user advisory locks use 1 and 2 */
 #define IDEM_LOCKTAG_CLASS		0x4944
 

@@ -123,6 +123,9 @@ extern uint64 idem_filter_hash(text *scope, text *key);
 extern bool idem_filter_absent(Oid relid, uint64 hash);
 extern void idem_filter_note(Oid relid, uint64 hash);
 
+/* Largest key and scope, in bytes (idempotency.c checks, filter.c relies on it) */
+#define IDEM_MAX_KEY_BYTES		255
+
 /*
  * The statistics counted per backend (stats.c): the counters, then the
  * buckets of the acquire-duration histogram, not cumulative, the last one

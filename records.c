@@ -51,6 +51,7 @@
 #include "catalog/pg_am.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_index.h"
+#include "catalog/pg_opfamily.h"
 #include "executor/executor.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
@@ -253,16 +254,28 @@ idem_partition_info(Relation rel, IdemPartition *result)
 			{
 				Datum		d;
 				oidvector  *colls;
+				oidvector  *classes;
 
-				/* equality by bytes only with deterministic collations */
+				/*
+				 * Equality by bytes: text's own btree operator families, and
+				 * deterministic collations.
+				 */
 				d = SysCacheGetAttr(INDEXRELID, tup, Anum_pg_index_indcollation,
 									&isnull);
-				colls = (oidvector *) DatumGetPointer(d);
-				bytewise = !isnull &&
-					(!OidIsValid(colls->values[0]) ||
-					 get_collation_isdeterministic(colls->values[0])) &&
-					(!OidIsValid(colls->values[1]) ||
-					 get_collation_isdeterministic(colls->values[1]));
+				colls = isnull ? NULL : (oidvector *) DatumGetPointer(d);
+				d = SysCacheGetAttr(INDEXRELID, tup, Anum_pg_index_indclass,
+									&isnull);
+				classes = isnull ? NULL : (oidvector *) DatumGetPointer(d);
+				bytewise = colls != NULL && classes != NULL;
+				for (int c = 0; bytewise && c < 2; c++)
+				{
+					Oid			family = get_opclass_family(classes->values[c]);
+
+					bytewise = (family == TEXT_BTREE_FAM_OID ||
+								family == TEXT_PATTERN_BTREE_FAM_OID) &&
+						(!OidIsValid(colls->values[c]) ||
+						 get_collation_isdeterministic(colls->values[c]));
+				}
 			}
 			ReleaseSysCache(tup);
 

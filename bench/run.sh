@@ -18,6 +18,10 @@
 #   ext_replay      idem_acquire of a random one of 200,000 completed records
 #   ext_hot_key     8 clients on one key at a time, a new key every --hot-n
 #                   transactions (8 clients only)
+#   ext_new_nf, ext_replay_nf
+#                   with --filters-compare: ext_new and ext_replay with
+#                   idempotency.use_filters = off (every live partition's
+#                   index descended, as without filters), in the same rounds
 #
 # The main cases (all but ext_hot_key) run in --rounds interleaved rounds:
 # every round runs each of them once at each client count, in the order
@@ -39,7 +43,7 @@
 #   bash bench/run.sh [--rounds N] [--quick] [--spread-compare] [--pg MAJOR]
 #                     [--duration S] [--sync on|off] [--records N]
 #                     [--memory-calls N] [--hot-n N] [--spread INTERVAL]
-#                     [--stats on|off] [--perf]
+#                     [--stats on|off] [--filters-compare] [--perf]
 #
 # --rounds: how many rounds of the main cases (default 3, at least 1; issue
 # 13's targets are medians of at least 3).
@@ -67,6 +71,12 @@
 # so the same build counts nothing.  The report's header says which, as
 # idem_stats_enabled() answered.  To measure what the statistics cost,
 # compare the two in interleaved rounds: bench/compare.sh --stats REV.
+#
+# Filters: with --stats on the cluster has the known-absent filters at their
+# defaults (idempotency.filters = 16, idempotency.filter_size = 1MB); they
+# are rebuilt (build_filters()) after every load, so that each holds the
+# keys of its partition's current rows only.  --filters-compare adds the
+# _nf cases above, so that filters on and off are compared in one run.
 #
 # --pg: the PostgreSQL major, 15 (the default: the host's own) or 17 or 18:
 # then the whole benchmark runs, with the same options, in the Debian root
@@ -98,6 +108,7 @@ SPREAD='1 day'
 WIDE_SPREAD='6 days'	# --spread-compare's second spread, issue 13's
 STATS=on
 PERF=0
+FILTERS_COMPARE=0
 CLIENT_COUNTS=(2 8)
 MAIN_CASES=(floor_new article plpgsql_new ext_new floor_replay plpgsql_replay ext_replay)
 DB=idem_bench
@@ -124,6 +135,7 @@ while (($#)); do
 	--spread) SPREAD=${2:?}; shift 2 ;;
 	--stats) STATS=${2:?}; shift 2 ;;
 	--perf) PERF=1; shift ;;
+	--filters-compare) FILTERS_COMPARE=1; shift ;;
 	-h | --help) usage 0 ;;
 	*) echo "unknown option: $1" >&2; usage 2 ;;
 	esac
@@ -150,6 +162,10 @@ fi
 	die "--records takes a number of at least $SMALL_RECORDS"
 [[ $MEMORY_CALLS =~ ^[0-9]+$ && $MEMORY_CALLS -gt 1000 ]] || die "--memory-calls takes a number above 1000"
 [[ $HOT_N =~ ^[0-9]+$ && $HOT_N -ge 1 ]] || die "--hot-n takes a positive number"
+if ((FILTERS_COMPARE)); then
+	[[ $STATS == on ]] || die "--filters-compare needs --stats on (the filters need the library preloaded)"
+	MAIN_CASES=(floor_new article plpgsql_new ext_new ext_new_nf floor_replay plpgsql_replay ext_replay ext_replay_nf)
+fi
 if ((SPREAD_COMPARE)) && [[ $SPREAD == "$WIDE_SPREAD" ]]; then
 	die "--spread-compare compares --spread with '$WIDE_SPREAD': give --spread another window"
 fi
@@ -237,6 +253,8 @@ min_wal_size = 2GB
 checkpoint_timeout = 1h
 autovacuum = off
 max_locks_per_transaction = 128
+idempotency.filters = 16
+idempotency.filter_size = 1MB
 EOF
 as_postgres "$PG_BINDIR/pg_ctl" restart -D "$IDEM_PGDATA" -m fast -w -t 120 \
 	-l "$IDEM_SERVER_LOG" >/dev/null || die "the server did not restart"
@@ -272,7 +290,7 @@ count_rows() {
 	floor_new) q "SELECT count(*), count(*) FILTER (WHERE status = 'completed') FROM bench.floor" ;;
 	article) q "SELECT count(*), count(*) FILTER (WHERE status = 'COMPLETED') FROM bench.idempotency_records" ;;
 	plpgsql_new) q "SELECT count(*), count(*) FILTER (WHERE status = 'completed') FROM plidem.records" ;;
-	ext_new) q "SELECT count(*), count(*) FILTER (WHERE status = 'completed') FROM idempotency.records" ;;
+	ext_new | ext_new_nf) q "SELECT count(*), count(*) FILTER (WHERE status = 'completed') FROM idempotency.records" ;;
 	*) echo "0|0" ;;
 	esac
 }
@@ -318,8 +336,13 @@ run_case() {
 	shift 5
 	# the label names the run's files and prefixes its new keys: unique
 	local label=$group-$case-c$clients-r$round-${SPREAD_NOW// /} jobs out rc=0 tps tx failed
-	local before after lat stats check=ok note=""
+	local before after lat stats check=ok note="" script=$case pgopts=${PGOPTIONS:-}
 	jobs=$((clients < 2 ? clients : 2))
+	# the _nf cases: the same script with the filters switched off
+	if [[ $case == *_nf ]]; then
+		script=${case%_nf}
+		pgopts="$pgopts -c idempotency.use_filters=off"
+	fi
 	out=$WORK/$label.out
 
 	q "CHECKPOINT" >/dev/null
@@ -332,10 +355,10 @@ run_case() {
 	io_before=$(io_stats "$case")
 
 	log "$label: $clients clients, ${DURATION}s, records expiring over $SPREAD_NOW"
-	"$PG_BINDIR/pgbench" -n -M prepared -h 127.0.0.1 -c "$clients" -j "$jobs" -T "$DURATION" \
+	PGOPTIONS=$pgopts "$PG_BINDIR/pgbench" -n -M prepared -h 127.0.0.1 -c "$clients" -j "$jobs" -T "$DURATION" \
 		-l --log-prefix="$WORK/$label" \
 		-D n=0 -D "kp=$label-" -D "req=$REQ" -D "resp=$RESP" "$@" \
-		-f "$BENCH_DIR/cases/$case.pgbench" "$DB" >"$out" 2>&1 || rc=$?
+		-f "$BENCH_DIR/cases/$script.pgbench" "$DB" >"$out" 2>&1 || rc=$?
 
 	wait_idle
 	io_after=$(io_stats "$case")
@@ -381,7 +404,7 @@ run_case() {
 	fi
 
 	case $case in
-	floor_new | article | plpgsql_new | ext_new)
+	floor_new | article | plpgsql_new | ext_new | ext_new_nf)
 		after=$(count_rows "$case")
 		local added=$((${after%%|*} - ${before%%|*})) completed=$((${after##*|} - ${before##*|}))
 		if ((added != tx || completed != tx)); then
@@ -391,7 +414,7 @@ run_case() {
 			note="$note +$added completed rows = transactions;"
 		fi
 		;;
-	*_replay)
+	*_replay | *_replay_nf)
 		[[ $check == ok ]] && note="$note every outcome replay;"
 		;;
 	ext_hot_key)
@@ -423,6 +446,27 @@ run_case() {
 
 live_records() { q "SELECT count(*) FROM idempotency.records WHERE expires_at > now()"; }
 
+# rebuild_filters WHAT: after a load, the known-absent filters of
+# idempotency.records afresh (TRUNCATE keeps a partition's filter, bits of
+# the keys gone included): DISABLE and ENABLE of their trigger drop every
+# filter, build_filters() makes them from the rows.  Nothing without them.
+FILTER_NOTES=()
+rebuild_filters() {
+	local what=$1 built info
+	[[ $(q "SELECT to_regprocedure('idempotency.build_filters(interval)') IS NOT NULL
+		AND coalesce(current_setting('idempotency.filters', true), '0') <> '0'") == t ]] || return 0
+	q "ALTER TABLE idempotency.records DISABLE TRIGGER zz_records_filter" >/dev/null
+	q "ALTER TABLE idempotency.records ENABLE ALWAYS TRIGGER zz_records_filter" >/dev/null
+	built=$(q "SELECT idempotency.build_filters()")
+	info=$(q "SELECT count(*) FILTER (WHERE f.state = 'ready') || ' ready, '
+		|| coalesce(string_agg(regexp_replace(f.partition::text, '^.*[.]', '') || ' ~' || f.estimated_keys
+		                       || ' keys ' || round(100.0 * f.bits_set / (8 * f.size_bytes)) || '% bits set', ', '
+		                       ORDER BY f.partition::text) FILTER (WHERE f.estimated_keys > 0), 'none holds keys')
+		FROM idempotency.idem_filters() f")
+	log "filters after $what: $built built; $info"
+	FILTER_NOTES+=("after $what: $info")
+}
+
 # load_replay_sets SPREAD: empty the four tables the cases write to and put
 # the replay set, expiring over SPREAD, in each (bench/replay_set.sql); then
 # note where idempotency.records and plidem.records hold it, for the report.
@@ -432,6 +476,7 @@ load_replay_sets() {
 	log "replay sets: $REPLAY_RECORDS completed records in each replay table, expiring over the next $spread"
 	psql_db -v req="$REQ" -v resp="$RESP" -v nrep="$REPLAY_RECORDS" -v spread="$spread" \
 		-f "$BENCH_DIR/replay_set.sql" >/dev/null
+	rebuild_filters "the replay sets over $spread"
 	SPREAD_NOW=$spread
 	line="$spread:"
 	for t in idempotency.records plidem.records; do
@@ -469,7 +514,7 @@ run_rounds() {
 		for ((k = 0; k < n; k++)); do
 			if [[ $order == forward ]]; then i=$k; else i=$((n - 1 - k)); fi
 			read -r c case <<<"${seq[i]}"
-			if [[ $case == *_replay ]]; then
+			if [[ $case == *_replay || $case == *_replay_nf ]]; then
 				run_case "$case" "$c" main "$REPLAY_RECORDS" "$r" -D rp=r -D "nrep=$REPLAY_RECORDS"
 			else
 				run_case "$case" "$c" main "" "$r"
@@ -504,6 +549,7 @@ if ((!QUICK)); then
 	q "TRUNCATE idempotency.records"
 	psql_db -v from=1 -v to="$SMALL_RECORDS" -v req="$REQ" -v resp="$RESP" -v spread="$SPREAD" -f "$BENCH_DIR/load_records.sql"
 	q "VACUUM ANALYZE idempotency.records"
+	rebuild_filters "the $SMALL_RECORDS-record load"
 	n=$(live_records)
 	run_case ext_replay "$SCALE_CLIENTS" scale "$n" 1 -D rp=m -D "nrep=$SMALL_RECORDS"
 	n=$(live_records)
@@ -518,6 +564,7 @@ if ((!QUICK)); then
 	psql_db -v from=$((half + 1)) -v to="$BIG_RECORDS" -v req="$REQ" -v resp="$RESP" -v spread="$SPREAD" -f "$BENCH_DIR/load_records.sql" & pids+=($!)
 	for p in "${pids[@]}"; do wait "$p" || die "loading the records failed"; done
 	q "VACUUM ANALYZE idempotency.records"
+	rebuild_filters "the $BIG_RECORDS-record load"
 	LOAD_SECS=$(awk "BEGIN{printf \"%.0f\", $EPOCHREALTIME - $t_load}")
 	log "loaded in ${LOAD_SECS}s"
 	n=$(live_records)
@@ -628,8 +675,8 @@ function median(s,   v, n, i, j, t) {
 function lo_of(s,   v, n, i, x) { n = split(s, v, " "); x = v[1]; for (i = 2; i <= n; i++) if (v[i] + 0 < x + 0) x = v[i]; return x }
 function hi_of(s,   v, n, i, x) { n = split(s, v, " "); x = v[1]; for (i = 2; i <= n; i++) if (v[i] + 0 > x + 0) x = v[i]; return x }
 function floor_of(c) {
-	if (c == "ext_new" || c == "plpgsql_new" || c == "article" || c == "floor_new") return "floor_new"
-	if (c == "ext_replay" || c == "plpgsql_replay" || c == "floor_replay") return "floor_replay"
+	if (c == "ext_new" || c == "ext_new_nf" || c == "plpgsql_new" || c == "article" || c == "floor_new") return "floor_new"
+	if (c == "ext_replay" || c == "ext_replay_nf" || c == "plpgsql_replay" || c == "floor_replay") return "floor_replay"
 	return ""
 }
 # ratios(SP, NUM, DEN, C): TPS of NUM / TPS of DEN in each round (spread SP, C clients)
@@ -703,6 +750,17 @@ report() {
 	for sp in "${PREFILL[@]}"; do
 		echo "- replay sets over $sp"
 	done
+	if ((${#FILTER_NOTES[@]})); then
+		echo "- known-absent filters (idempotency.filters = $(q "SELECT current_setting('idempotency.filters')"), filter_size = $(q "SELECT current_setting('idempotency.filter_size')"); rebuilt after every load):"
+		for sp in "${FILTER_NOTES[@]}"; do
+			echo "  - $sp"
+		done
+	else
+		echo "- known-absent filters: none (not preloaded, or a version without them)"
+	fi
+	if ((FILTERS_COMPARE)); then
+		echo "- --filters-compare: ext_new_nf and ext_replay_nf are ext_new and ext_replay with idempotency.use_filters = off, in the same rounds"
+	fi
 	if ((QUICK)); then
 		echo "- --quick: ext_hot_key, the scale section (its $BIG_RECORDS-record load) and the memory loop were skipped"
 	fi
@@ -736,12 +794,19 @@ report() {
 	echo
 	echo "## Targets (issue 13)"
 	echo
-	awk -F'\t' -v spreads="$(IFS='|'; echo "${SPREADS[*]}")" -v clients="${CLIENT_COUNTS[*]}" "$AWK_LIB"'
+	local tg_ratio="ext_new article 1.00,ext_new floor_new 0.95,ext_replay floor_replay 0.90"
+	local tg_scans="ext_new 4,ext_replay 1.5" tg_within="ext_new floor_new,ext_replay floor_replay"
+	if ((FILTERS_COMPARE)); then
+		tg_ratio+=",ext_new_nf article 1.00,ext_new_nf floor_new 0.95,ext_replay_nf floor_replay 0.90"
+		tg_scans+=",ext_new_nf 4,ext_replay_nf 1.5" tg_within+=",ext_new_nf floor_new,ext_replay_nf floor_replay"
+	fi
+	awk -F'\t' -v spreads="$(IFS='|'; echo "${SPREADS[*]}")" -v clients="${CLIENT_COUNTS[*]}" \
+		-v tg_ratio="$tg_ratio" -v tg_scans="$tg_scans" -v tg_within="$tg_within" "$AWK_LIB"'
 		END {
 			ns = split(spreads, sps, "|"); nc = split(clients, cl, " ")
 			print "| target | spread | clients | measured: median of the rounds (min–max) | verdict |"
 			print "|---|---|---:|---|---|"
-			nt = split("ext_new article 1.00,ext_new floor_new 0.95,ext_replay floor_replay 0.90", tg, ",")
+			nt = split(tg_ratio, tg, ",")
 			for (t = 1; t <= nt; t++) {
 				split(tg[t], f, " ")
 				for (s = 1; s <= ns; s++)
@@ -751,7 +816,7 @@ report() {
 							(rl == "" ? "not measured" : verdict(median(rl) >= f[3] + 0))
 					}
 			}
-			nt = split("ext_new 4,ext_replay 1.5", tg, ",")
+			nt = split(tg_scans, tg, ",")
 			for (t = 1; t <= nt; t++) {
 				split(tg[t], f, " ")
 				for (s = 1; s <= ns; s++)
@@ -766,7 +831,7 @@ report() {
 					}
 			}
 			if (ns == 2) {
-				nt = split("ext_new floor_new,ext_replay floor_replay", tg, ",")
+				nt = split(tg_within, tg, ",")
 				for (t = 1; t <= nt; t++) {
 					split(tg[t], f, " ")
 					for (j = 1; j <= nc; j++) {
