@@ -32,10 +32,14 @@
  *   joined by another trigger meanwhile.
  *
  * - Anything that could let a key in without the trigger invalidates the
- *   slot, through object_access_hook: a trigger of the partition altered
- *   (ENABLE/DISABLE, rename) or dropped, the partition altered or dropped,
- *   the database dropped.  Shared memory starts empty after a crash or a
- *   promotion, and nothing is built during recovery.
+ *   slot, through object_access_hook: a trigger of the partition created
+ *   (CREATE OR REPLACE TRIGGER reports a create), altered (ENABLE/DISABLE,
+ *   rename) or dropped, the trigger function replaced, the partition
+ *   altered or dropped, the database dropped.  A rollback reports nothing,
+ *   so a slot made READY by a (sub)transaction that aborts or is prepared
+ *   is freed by the transaction callbacks: the build trusted triggers as
+ *   that transaction saw them.  Shared memory starts empty after a crash or
+ *   a promotion, and nothing is built during recovery.
  *
  * Readers take no lock: a slot's generation (gen) is bumped by every
  * change of identity or invalidation, and a reader trusts the bits only if

@@ -2,7 +2,8 @@
 # bench/callgrind.sh -- instructions per transaction of ext_new and
 # ext_replay for one git revision of the extension, counted by callgrind
 #
-#   bash bench/callgrind.sh [--stats off|on|both] REV [PORT]
+#   bash bench/callgrind.sh [--stats off|on|both] [--spread INTERVAL]
+#                           [--filters on|off|both] REV [PORT]
 #
 # Builds REV from a `git archive` copy, installs it into a private copy of
 # the host's PostgreSQL 15 (bench/private_pg.sh, under
@@ -27,16 +28,30 @@
 # Under valgrind clock_gettime is a system call, whose instructions are not
 # counted: the clock reads of the statistics show only as their libc
 # wrapper.  The callgrind files stay in /tmp/idem-callgrind/REV/callgrind-*
-# for callgrind_annotate.  As root on Debian 12; about 2 minutes a setting.
+# for callgrind_annotate.
+#
+# --spread: the 20,000 records expire evenly over this window (default
+# '1 day': two daily partitions hold them; '6 days': seven).
+#
+# --filters (with --stats on or both, versions with known-absent filters):
+# on (the default) builds the filters (build_filters()) once the server is
+# up and runs the cases as they are; off runs them with
+# idempotency.use_filters = off; both runs each case both ways on the same
+# server, off first.  As root on Debian 12; about 2 minutes a setting.
 set -euo pipefail
 STATS=off
+SPREAD='1 day'
+FILTERS=on
 while [[ ${1:-} == --* ]]; do
 	case $1 in
 	--stats) STATS=${2:?}; shift 2 ;;
+	--spread) SPREAD=${2:?}; shift 2 ;;
+	--filters) FILTERS=${2:?}; shift 2 ;;
 	*) echo "unknown option: $1" >&2; exit 2 ;;
 	esac
 done
 [[ $STATS == off || $STATS == on || $STATS == both ]] || { echo "--stats takes off, on or both" >&2; exit 2; }
+[[ $FILTERS == off || $FILTERS == on || $FILTERS == both ]] || { echo "--filters takes off, on or both" >&2; exit 2; }
 REV=${1:?usage: bash bench/callgrind.sh [--stats off|on|both] REV [PORT]} PORT=${2:-55411}
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=bench/private_pg.sh
@@ -71,7 +86,7 @@ as_pg "$BIN/pg_ctl" -D "$D" -l "$T/server.log" -o "-k $T/sock" -w start >/dev/nu
 "$BIN/psql" -qXAt -d cmp -c 'CREATE EXTENSION idempotency' \
 	-c "SELECT 'extension ' || extversion FROM pg_extension WHERE extname = 'idempotency'"
 "$BIN/psql" -qX -d cmp -v from=1 -v to=20000 -v req="$REQ" -v resp="$RESP" \
-	-v spread='1 day' -f "$BENCH_DIR/load_records.sql"
+	-v spread="$SPREAD" -f "$BENCH_DIR/load_records.sql"
 "$BIN/psql" -qX -d cmp -c 'VACUUM ANALYZE' -c CHECKPOINT
 stop_server
 
@@ -82,7 +97,7 @@ run() {
 	local label=$1 case=$2 n=$3 before f ir=0 x best=
 	shift 3
 	before=$(ls "$OUT")
-	"$BIN/pgbench" -n -M prepared -c 1 -t "$n" --random-seed=1 -D n=0 -D "kp=$label-" \
+	PGOPTIONS=${RUN_PGOPTIONS:-} "$BIN/pgbench" -n -M prepared -c 1 -t "$n" --random-seed=1 -D n=0 -D "kp=$label-" \
 		-D "req=$REQ" -D "resp=$RESP" "$@" -f "$BENCH_DIR/cases/$case.pgbench" cmp \
 		>"$W/pgbench-$S-$label.log" 2>&1 || { cat "$W/pgbench-$S-$label.log" >&2; exit 1; }
 	sleep 2
@@ -125,14 +140,24 @@ for S in "${SETTINGS[@]}"; do
 		>"$W/valgrind-$S.log" 2>&1 &
 	for _ in $(seq 120); do "$BIN/pg_isready" -q && break; sleep 1; done
 	on=$("$BIN/psql" -qXAt -d cmp -c 'SELECT idempotency.idem_stats_enabled()' 2>/dev/null || echo "n/a")
-	echo "$REV, statistics $S (idem_stats_enabled: $on)"
-	n200=$(run new200 ext_new 200); n1200=$(run new1200 ext_new 1200)
-	r200=$(run rep200 ext_replay 200 -D rp=m -D nrep=20000)
-	r1200=$(run rep1200 ext_replay 1200 -D rp=m -D nrep=20000)
+	echo "$REV, statistics $S (idem_stats_enabled: $on), records expiring over $SPREAD"
+	fmodes=(none)
+	if [[ $S == on ]] && [[ $("$BIN/psql" -qXAt -d cmp -c "SELECT to_regprocedure('idempotency.build_filters(interval)') IS NOT NULL") == t ]]; then
+		echo "filters built: $("$BIN/psql" -qXAt -d cmp -c 'SELECT idempotency.build_filters()')"
+		case $FILTERS in both) fmodes=(off on) ;; *) fmodes=("$FILTERS") ;; esac
+	fi
+	for F in "${fmodes[@]}"; do
+		RUN_PGOPTIONS=
+		[[ $F == off ]] && RUN_PGOPTIONS='-c idempotency.use_filters=off'
+		n200=$(run new200-f$F ext_new 200); n1200=$(run new1200-f$F ext_new 1200)
+		r200=$(run rep200-f$F ext_replay 200 -D rp=m -D nrep=20000)
+		r1200=$(run rep1200-f$F ext_replay 1200 -D rp=m -D nrep=20000)
+		[[ $F == none ]] || echo "$REV stats $S filters $F: ext_new $(((n1200 - n200) / 1000)), ext_replay $(((r1200 - r200) / 1000)) instructions a transaction"
+	done
 	stop_server
 	NEW[$S]=$(((n1200 - n200) / 1000)) REP[$S]=$(((r1200 - r200) / 1000))
-	SNEW[$S]=$((($(stats_ir "$OUT/new1200.out") - $(stats_ir "$OUT/new200.out")) / 1000))
-	SREP[$S]=$((($(stats_ir "$OUT/rep1200.out") - $(stats_ir "$OUT/rep200.out")) / 1000))
+	SNEW[$S]=$((($(stats_ir "$OUT/new1200-f$F.out") - $(stats_ir "$OUT/new200-f$F.out")) / 1000))
+	SREP[$S]=$((($(stats_ir "$OUT/rep1200-f$F.out") - $(stats_ir "$OUT/rep200-f$F.out")) / 1000))
 	echo "$REV stats $S ext_new: ${NEW[$S]} instructions a transaction (statistics functions ${SNEW[$S]})"
 	echo "$REV stats $S ext_replay: ${REP[$S]} instructions a transaction (statistics functions ${SREP[$S]})"
 done
