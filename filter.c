@@ -65,12 +65,14 @@
 #include "access/relation.h"
 #include "access/table.h"
 #include "access/tableam.h"
+#include "access/transam.h"
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
 #include "catalog/objectaccess.h"
 #include "catalog/pg_class.h"
+#include "catalog/pg_am.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_database.h"
 #include "catalog/pg_language.h"
@@ -91,6 +93,7 @@
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
@@ -605,8 +608,18 @@ idem_filter_object_access(ObjectAccessType access, Oid classId,
 	}
 	else if (classId == ProcedureRelationId && access != OAT_DROP)
 	{
+		/*
+		 * Replacing the function takes no lock on the table, so take one on
+		 * the function, which builds take too: a build that trusted the old
+		 * function ends (and its filters are dropped below) before this
+		 * transaction goes on, and none starts until it ends.
+		 */
 		if (idem_filter_is_note_function(objectId))
+		{
+			LockDatabaseObject(ProcedureRelationId, objectId, 0,
+							   AccessExclusiveLock);
 			idem_filter_invalidate(MyDatabaseId, InvalidOid);
+		}
 	}
 	else if (classId == DatabaseRelationId && access == OAT_DROP)
 		idem_filter_invalidate(objectId, InvalidOid);
@@ -643,27 +656,42 @@ idem_filter_trigger_is_last(TriggerDesc *trigdesc, int i)
 
 /*
  * Is trigger function funcoid ours: idempotency.records_note_key, in C,
- * bound to our symbol (not a replacement in another language)?
+ * our symbol in our library, as committed (not replaced by this
+ * transaction, whose other sessions still call the old one)?  Takes a
+ * share lock on the function, held to the end of the transaction, that
+ * replacing it waits for (the hook); false at once if a replacement holds
+ * it.
  */
 static bool
 idem_filter_function_ok(Oid funcoid)
 {
 	HeapTuple	tup;
+	Form_pg_proc proc;
 	bool		ok = false;
 
+	if (!ConditionalLockDatabaseObject(ProcedureRelationId, funcoid, 0,
+									   AccessShareLock))
+		return false;
+	AcceptInvalidationMessages();
 	if (!idem_filter_is_note_function(funcoid))
 		return false;
 	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcoid));
 	if (!HeapTupleIsValid(tup))
 		return false;
-	if (((Form_pg_proc) GETSTRUCT(tup))->prolang == ClanguageId)
+	proc = (Form_pg_proc) GETSTRUCT(tup);
+	if (proc->prolang == ClanguageId &&
+		!TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetRawXmin(tup->t_data)))
 	{
-		bool		isnull;
+		bool		srcnull;
+		bool		binnull;
 		Datum		src = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_prosrc,
-										  &isnull);
+										  &srcnull);
+		Datum		bin = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_probin,
+										  &binnull);
 
-		ok = !isnull && strcmp(TextDatumGetCString(src),
-							   "idem_records_note_key") == 0;
+		ok = !srcnull && !binnull &&
+			strcmp(TextDatumGetCString(src), "idem_records_note_key") == 0 &&
+			strcmp(TextDatumGetCString(bin), "$libdir/idempotency") == 0;
 	}
 	ReleaseSysCache(tup);
 	return ok;
@@ -681,6 +709,10 @@ idem_filter_rel_ok(Relation rel)
 	TriggerDesc *trigdesc = rel->trigdesc;
 	int			i;
 
+	/* a heap to scan: not a partitioned or foreign table attached */
+	if (rel->rd_rel->relkind != RELKIND_RELATION ||
+		rel->rd_rel->relam != HEAP_TABLE_AM_OID)
+		return false;
 	if (get_attnum(RelationGetRelid(rel), "scope") == InvalidAttrNumber ||
 		get_attnum(RelationGetRelid(rel), "key") == InvalidAttrNumber)
 		return false;
@@ -853,18 +885,44 @@ typedef struct IdemFilterMade
 static IdemFilterMade *idem_filters_made = NULL;	/* idem_filters slots */
 static int	idem_filters_nmade = 0;
 
+/*
+ * Make sure there is room to remember a filter made READY: called before a
+ * build, so that remembering cannot fail once a slot is READY.
+ */
 static void
-idem_filter_remember(IdemFilterSlot *slot, uint32 gen)
+idem_filter_made_room(void)
 {
 	if (idem_filters_made == NULL)
 		idem_filters_made = MemoryContextAlloc(TopMemoryContext,
 											   sizeof(IdemFilterMade) * idem_filter_shared->nslots);
-	if (idem_filters_nmade >= idem_filter_shared->nslots)
-		return;					/* cannot happen: one per slot */
-	idem_filters_made[idem_filters_nmade].slot = slot;
-	idem_filters_made[idem_filters_nmade].gen = gen;
-	idem_filters_made[idem_filters_nmade].subid = GetCurrentSubTransactionId();
-	idem_filters_nmade++;
+}
+
+/*
+ * Remember a slot made READY by this (sub)transaction.  A slot made READY
+ * again (invalidated and rebuilt in the same transaction) replaces its
+ * entry, with the later subtransaction; an entry whose slot has moved on
+ * to another generation is dropped.  So there is at most one entry a slot.
+ */
+static void
+idem_filter_remember(IdemFilterSlot *slot, uint32 gen)
+{
+	int			i;
+	int			kept = 0;
+
+	for (i = 0; i < idem_filters_nmade; i++)
+	{
+		IdemFilterMade *m = &idem_filters_made[i];
+
+		if (m->slot == slot ||
+			pg_atomic_read_u32(&m->slot->gen) != m->gen)
+			continue;
+		idem_filters_made[kept++] = *m;
+	}
+	Assert(kept < idem_filter_shared->nslots);
+	idem_filters_made[kept].slot = slot;
+	idem_filters_made[kept].gen = gen;
+	idem_filters_made[kept].subid = GetCurrentSubTransactionId();
+	idem_filters_nmade = kept + 1;
 }
 
 /*
@@ -1119,6 +1177,7 @@ idem_build_filters(PG_FUNCTION_ARGS)
 
 	parts = idem_records_live_partitions(parent, GetCurrentTimestamp());
 	idem_filter_reclaim(parts);
+	idem_filter_made_room();
 	foreach(lc, parts)
 	{
 		Oid			relid = lfirst_oid(lc);

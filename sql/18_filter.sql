@@ -160,6 +160,26 @@ ROLLBACK TO SAVEPOINT s;
 SELECT pg_catalog.count(*) AS has_filter FROM idempotency.idem_filters() f
  WHERE f.partition = :'part2'::regclass;
 COMMIT;
+-- also when the filter is made again and again in the transaction (more
+-- times than there are slots)
+SELECT pg_catalog.set_config('flt.part2', :'part2', false) IS NOT NULL AS set;
+BEGIN;
+DO $$
+BEGIN
+    FOR i IN 1..70 LOOP
+        EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE TRIGGER zz_records_filter',
+                                  pg_catalog.current_setting('flt.part2'));
+        EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE ALWAYS TRIGGER zz_records_filter',
+                                  pg_catalog.current_setting('flt.part2'));
+        PERFORM idempotency.build_filters();
+    END LOOP;
+END
+$$;
+SELECT f.state FROM idempotency.idem_filters() f
+ WHERE f.partition = :'part2'::regclass;
+ROLLBACK;
+SELECT pg_catalog.count(*) AS has_filter FROM idempotency.idem_filters() f
+ WHERE f.partition = :'part2'::regclass;
 -- so the key of a row written meanwhile, noted by no trigger, is found
 INSERT INTO idempotency.records (scope, key, status, attempt, created_at, locked_until, expires_at)
 VALUES ('', 'flt-rolled-back', 'processing', 1, now(), now() + interval '1 hour', now() + interval '2 days');
@@ -197,8 +217,13 @@ CREATE OR REPLACE FUNCTION idempotency.records_note_key() RETURNS trigger
 LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;
 SELECT pg_catalog.count(*) AS filters_left FROM idempotency.idem_filters() f;
 SELECT idempotency.build_filters() AS built_with_plpgsql;
+-- the transaction that puts the C function back does not build: other
+-- sessions call the plpgsql one until it commits
+BEGIN;
 CREATE OR REPLACE FUNCTION idempotency.records_note_key() RETURNS trigger
 AS '$libdir/idempotency', 'idem_records_note_key' LANGUAGE C;
+SELECT idempotency.build_filters() AS built_while_replacing;
+COMMIT;
 SELECT idempotency.build_filters() >= 1 AS built;
 
 -- A partition made later (CREATE TABLE + ATTACH) gets the trigger ENABLE ALWAYS.
@@ -245,6 +270,20 @@ SELECT f.state FROM idempotency.idem_filters() f
 -- the filter holds only 'FLT-CI'; the index finds it for either spelling
 SELECT pg_temp.outcome('flt-ci') AS first, pg_temp.outcome('Flt-Ci') AS second;
 DROP TABLE idempotency.records_flt_ci;
+
+-- A partition without a heap of its own (partitioned further) gets no
+-- filter, and the build goes on.
+CREATE TABLE idempotency.records_flt_sub
+    (LIKE idempotency.records INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+    PARTITION BY RANGE (expires_at);
+CREATE TABLE idempotency.records_flt_sub_1 PARTITION OF idempotency.records_flt_sub
+    FOR VALUES FROM ('2900-03-01') TO ('2900-03-02');
+ALTER TABLE idempotency.records ATTACH PARTITION idempotency.records_flt_sub
+    FOR VALUES FROM ('2900-03-01') TO ('2900-03-02');
+SELECT idempotency.build_filters() AS built;
+SELECT pg_catalog.count(*) AS sub_filters FROM idempotency.idem_filters() f
+ WHERE f.partition = 'idempotency.records_flt_sub'::regclass;
+DROP TABLE idempotency.records_flt_sub;
 
 -- A negative max_wait is refused.
 SELECT public.sqlstate_of($$SELECT idempotency.build_filters('-1 second')$$);
