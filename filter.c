@@ -26,7 +26,7 @@
  *   transaction that held RowExclusiveLock on the partition before (as
  *   CREATE INDEX CONCURRENTLY does; later inserters see BUILDING and add
  *   their keys themselves; if they do not end in time the build gives up
- *   and frees the slot), then adds every tuple of the heap (SnapshotAny)
+ *   and frees the slot), then adds every tuple of the heap not dead to all
  *   and marks the slot READY.  It holds ShareUpdateExclusiveLock on the
  *   partition, which keeps the trigger from being disabled, dropped or
  *   joined by another trigger meanwhile.
@@ -1012,6 +1012,19 @@ idem_filter_claim_slot(Oid relid, uint32 *gen)
 			!OidIsValid(s->relid))
 			slot = s;
 	}
+
+	/*
+	 * None free: one of a database dropped while a backend of it was still
+	 * building (DROP DATABASE's hook runs before its backends are gone).
+	 */
+	for (i = 0; i < idem_filter_shared->nslots && slot == NULL; i++)
+	{
+		IdemFilterSlot *s = idem_filter_slot(i);
+
+		if (OidIsValid(s->db) && s->db != MyDatabaseId &&
+			!SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(s->db)))
+			slot = s;
+	}
 	if (slot != NULL)
 	{
 		idem_filter_free_slot(slot);
@@ -1067,19 +1080,26 @@ idem_filter_wait_inserters(Oid relid, int max_wait_ms)
 }
 
 /*
- * Fill a BUILDING slot with every tuple of the partition's heap, dead and
- * in-progress ones too (SnapshotAny): more bits only cost descents.
+ * Fill a BUILDING slot with every tuple of the partition's heap that is
+ * not dead to everyone, in-progress ones too: more bits only cost
+ * descents.
  */
 static void
 idem_filter_fill(Relation rel, IdemFilterSlot *slot)
 {
 	TableScanDesc scan;
+	SnapshotData snap;
 	HeapTuple	tuple;
 	TupleDesc	desc = RelationGetDescr(rel);
 	AttrNumber	scope_att = get_attnum(RelationGetRelid(rel), "scope");
 	AttrNumber	key_att = get_attnum(RelationGetRelid(rel), "key");
 
-	scan = table_beginscan(rel, SnapshotAny, 0, NULL);
+	/*
+	 * Every tuple some snapshot may still see (in progress and recently
+	 * dead included): a dead one's TOAST may already be gone.
+	 */
+	InitNonVacuumableSnapshot(snap, GlobalVisTestFor(rel));
+	scan = table_beginscan(rel, &snap, 0, NULL);
 	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
 	{
 		uint64		hash;

@@ -1113,6 +1113,16 @@ idem_update(const IdemRecord *rec, const Datum *values, const bool *nulls)
 	CheckCmdReplicaIdentity(rel, CMD_UPDATE);
 	idem_partition_info(rel, &part);
 	tuple = idem_form_tuple(rel, &part, values, nulls);
+
+	/*
+	 * The row gets the caller's scope and key, which the probe's index found
+	 * equal to the stored ones but which may differ in bytes (under a
+	 * nondeterministic collation): into the filter too, as an insert.
+	 */
+	if (idem_filter_enabled())
+		idem_filter_note(rec->partoid,
+						 idem_filter_hash(DatumGetTextPP(values[COL_SCOPE]),
+										  DatumGetTextPP(values[COL_KEY])));
 	idem_simple_heap_update(rel, (ItemPointer) &rec->tid, tuple,
 							&update_indexes);
 	if (update_indexes != TU_None)
