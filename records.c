@@ -550,6 +550,15 @@ idem_probe(Oid relid, text *scope, text *key, bool token, TimestampTz now,
 	empty = RelationGetNumberOfBlocks(rel) == 0;
 	if (empty && !(IsMVCCSnapshot(snapshot) && IsolationIsSerializable()))
 	{
+		/*
+		 * Cache what idem_ruled_out needs, so that from the next call on the
+		 * partition's filter rules the key out without this open and lseek.
+		 * Partitions are made up to max_ttl ahead, so a new key passes
+		 * several empty ones, and opening each on every call cost a tenth
+		 * of ext_new's instructions.
+		 */
+		if (idem_filter_usable())
+			idem_partition_info(rel, &part);
 		table_close(rel, NoLock);
 		UnlockRelationOid(relid, AccessShareLock);
 		return false;
