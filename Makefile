@@ -28,3 +28,7 @@ TAP_TESTS = 1
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# A server built with OpenSSL has the request's SHA-256 computed through
+# libcrypto directly (idempotency.c, idem_sha256), as pgcrypto links it.
+SHLIB_LINK += $(filter -lcrypto, $(LIBS))

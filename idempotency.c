@@ -63,6 +63,10 @@
 
 #include <limits.h>
 
+#ifdef USE_OPENSSL
+#include <openssl/evp.h>
+#endif
+
 #include "access/detoast.h"
 #include "access/subtrans.h"
 #include "access/xact.h"
@@ -499,6 +503,63 @@ idem_check_result_natts(FunctionCallInfo fcinfo, int natts)
  * ----------------------------------------------------------------
  */
 
+#ifdef USE_OPENSSL
+/*
+ * The digest and context of idem_sha256, made on first use and kept for the
+ * backend's life.  pg_cryptohash makes a context and, under OpenSSL 3,
+ * looks the algorithm up in the provider store on every call: together
+ * some 8,000 instructions, as much as hashing the request itself, on every
+ * idem_acquire.
+ */
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+static EVP_MD *idem_sha256_md = NULL;
+#else
+static const EVP_MD *idem_sha256_md = NULL;
+#endif
+static EVP_MD_CTX *idem_sha256_ctx = NULL;
+#endif
+
+/*
+ * SHA-256 of len bytes at data into digest.  With OpenSSL, through the kept
+ * context; without it (or should OpenSSL fail), through pg_cryptohash.
+ */
+static void
+idem_sha256(const uint8 *data, size_t len, uint8 *digest)
+{
+	pg_cryptohash_ctx *ctx;
+
+#ifdef USE_OPENSSL
+	if (idem_sha256_ctx == NULL)
+	{
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+		idem_sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+#else
+		idem_sha256_md = EVP_sha256();
+#endif
+		if (idem_sha256_md != NULL)
+			idem_sha256_ctx = EVP_MD_CTX_new();
+	}
+	if (idem_sha256_ctx != NULL)
+	{
+		unsigned int outlen;
+
+		if (EVP_DigestInit_ex(idem_sha256_ctx, idem_sha256_md, NULL) == 1 &&
+			EVP_DigestUpdate(idem_sha256_ctx, data, len) == 1 &&
+			EVP_DigestFinal_ex(idem_sha256_ctx, digest, &outlen) == 1 &&
+			outlen == SHA256_DIGEST_BYTES)
+			return;
+	}
+#endif
+
+	ctx = pg_cryptohash_create(PG_SHA256);
+	if (pg_cryptohash_init(ctx) < 0 ||
+		pg_cryptohash_update(ctx, data, len) < 0 ||
+		pg_cryptohash_final(ctx, digest, SHA256_DIGEST_BYTES) < 0)
+		elog(ERROR, "could not compute SHA-256 hash: %s",
+			 pg_cryptohash_error(ctx));
+	pg_cryptohash_free(ctx);
+}
+
 /*
  * SHA-256 of jsonb's canonical text, as a freshly palloc'd bytea.
  *
@@ -513,7 +574,6 @@ idem_hash_jsonb(Jsonb *jb)
 	StringInfoData buf;
 	char	   *text;
 	size_t		len;
-	pg_cryptohash_ctx *ctx;
 	bytea	   *result;
 
 	initStringInfo(&buf);
@@ -523,15 +583,7 @@ idem_hash_jsonb(Jsonb *jb)
 
 	result = (bytea *) palloc(VARHDRSZ + SHA256_DIGEST_BYTES);
 	SET_VARSIZE(result, VARHDRSZ + SHA256_DIGEST_BYTES);
-
-	ctx = pg_cryptohash_create(PG_SHA256);
-	if (pg_cryptohash_init(ctx) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) text, len) < 0 ||
-		pg_cryptohash_final(ctx, (uint8 *) VARDATA(result),
-							SHA256_DIGEST_BYTES) < 0)
-		elog(ERROR, "could not compute SHA-256 hash: %s",
-			 pg_cryptohash_error(ctx));
-	pg_cryptohash_free(ctx);
+	idem_sha256((const uint8 *) text, len, (uint8 *) VARDATA(result));
 
 	if (text != buf.data)
 		pfree(text);
