@@ -375,14 +375,15 @@ idem_filter_find(Oid db, Oid relid)
 }
 
 /*
- * Is (scope, key) of this hash known absent from partition relid?  The hot
- * path of a probe: no lock, a few loads.  True only if the partition's slot
- * was READY with the same generation before and after the bits were read
- * and one of the bits is clear.  The caller has checked that filters may be
- * used at all (idem_filter_usable).
+ * What does partition relid's filter say of (scope, key) of this hash?  The
+ * hot path of a probe: no lock, a few loads.  ABSENT only if the
+ * partition's slot was READY with the same generation before and after the
+ * bits were read and one of the bits is clear; MAYBE if it was READY and all
+ * of them are set; UNKNOWN where there is no READY filter to ask.  The
+ * caller has checked that filters may be used at all (idem_filter_usable).
  */
-bool
-idem_filter_absent(Oid relid, uint64 hash)
+IdemFilterAnswer
+idem_filter_check(Oid relid, uint64 hash)
 {
 	IdemFilterSlot *slot;
 	pg_atomic_uint32 *block;
@@ -393,13 +394,13 @@ idem_filter_absent(Oid relid, uint64 hash)
 
 	slot = idem_filter_find(MyDatabaseId, relid);
 	if (slot == NULL)
-		return false;
+		return IDEM_FILTER_UNKNOWN;
 
 	gen = pg_atomic_read_u32(&slot->gen);
 	pg_memory_barrier();
 	if (pg_atomic_read_u32(&slot->state) != FILTER_READY ||
 		slot->db != MyDatabaseId || slot->relid != relid)
-		return false;
+		return IDEM_FILTER_UNKNOWN;
 	pg_read_barrier();
 
 	block = idem_filter_words(slot) +
@@ -417,8 +418,8 @@ idem_filter_absent(Oid relid, uint64 hash)
 
 	pg_memory_barrier();
 	if (pg_atomic_read_u32(&slot->gen) != gen)
-		return false;
-	return absent;
+		return IDEM_FILTER_UNKNOWN;
+	return absent ? IDEM_FILTER_ABSENT : IDEM_FILTER_MAYBE;
 }
 
 /*

@@ -26,6 +26,12 @@
  * cannot collide with ours.  A hash collision between two keys only makes
  * them take turns.
  *
+ * Replays.  A completed record never changes until it expires, so
+ * idem_acquire answers a key whose completed record its statement's
+ * snapshot sees without taking the key lock, where the known-absent
+ * filters (filter.c) say which partitions to look in; everything else is
+ * read again under the lock.
+ *
  * Waiting.  A duplicate of a claim still running waits up to
  * idempotency.wait_timeout.  While the claiming transaction is open, the
  * wait is a real heavyweight-lock wait on that transaction (no CPU, woken at
@@ -1469,6 +1475,31 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 
 	idem_wait_clock_init(&clock);
 	idem_passes_init(&passes);
+
+	/*
+	 * A completed record is final until it expires: idem_complete and
+	 * idem_release leave it alone, and maintenance only moves it whole out
+	 * of the DEFAULT partition or deletes it once expired.  So a live
+	 * completed record that the statement's snapshot sees already answers,
+	 * replay or mismatch, as it would under the key lock, and a replay
+	 * takes no lock at all.  The read looks only where the filters say the
+	 * key may be, so a new key pays no index descent here; anything else
+	 * (no record seen, or one not completed) is read again under the lock.
+	 * Under REPEATABLE READ the snapshot is the transaction's, as the check
+	 * after the locked read requires; under SERIALIZABLE the filters, and
+	 * so this read, are not used.
+	 */
+	if (idem_filter_usable() && ActiveSnapshotSet())
+	{
+		idem_records_find_filtered(parent, scope, key, GetCurrentTimestamp(),
+								   hint, GetActiveSnapshot(), &rec);
+		if (rec.completed && idem_settled(&rec, hash, &outcome))
+		{
+			have_record = true;
+			goto answer;
+		}
+	}
+
 	for (;;)
 	{
 		long		remaining_ms;
@@ -1623,6 +1654,7 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 	}
 	idem_passes_end(&passes, &rec);
 
+answer:
 	memset(nulls, true, sizeof(nulls));
 	values[0] = CStringGetTextDatum(idem_outcome_names[outcome]);
 	nulls[0] = false;

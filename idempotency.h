@@ -88,6 +88,10 @@ extern void idem_records_close(Relation parent);
 extern void idem_records_find(Relation parent, text *scope, text *key,
 							  bool token, TimestampTz now, TimestampTz hint,
 							  Snapshot snapshot, IdemRecord *rec);
+extern void idem_records_find_filtered(Relation parent, text *scope,
+									   text *key, TimestampTz now,
+									   TimestampTz hint, Snapshot snapshot,
+									   IdemRecord *rec);
 extern void idem_records_insert(Relation parent, text *scope, text *key,
 								bool token, bytea *request_hash,
 								TimestampTz now,
@@ -120,7 +124,13 @@ extern void idem_filter_init(void);
 extern bool idem_filter_enabled(void);
 extern bool idem_filter_usable(void);
 extern uint64 idem_filter_hash(text *scope, text *key);
-extern bool idem_filter_absent(Oid relid, uint64 hash);
+typedef enum IdemFilterAnswer
+{
+	IDEM_FILTER_UNKNOWN,		/* no READY filter for the partition */
+	IDEM_FILTER_MAYBE,			/* the filter has every bit of the key */
+	IDEM_FILTER_ABSENT			/* the key is certainly not in the partition */
+} IdemFilterAnswer;
+extern IdemFilterAnswer idem_filter_check(Oid relid, uint64 hash);
 extern void idem_filter_note(Oid relid, uint64 hash);
 
 /* Largest key and scope, in bytes (idempotency.c checks, filter.c relies on it) */

@@ -646,42 +646,38 @@ idem_probe(Oid relid, text *scope, text *key, bool token, TimestampTz now,
 }
 
 /*
- * Does partition relid's known-absent filter rule out the key of this hash?
- * Only where this backend has probed the partition before and its probe
- * index compares scope and key by bytes, as the filter's hash does: under a
- * nondeterministic collation the index finds keys of other bytes.  The
- * cache entry goes with any change of the partition's indexes, and then
- * the next probe opens the partition and looks again.
+ * May a search pass partition relid by, without opening it?  Where the
+ * partition's known-absent filter rules the key of this hash out; in a
+ * filtered search (idem_records_find_filtered) also where there is no
+ * filter to ask.  A filter is only asked where this backend has looked at
+ * the partition before and its probe index compares scope and key by
+ * bytes, as the filter's hash does: under a nondeterministic collation the
+ * index finds keys of other bytes.  The cache entry goes with any change of
+ * the partition's indexes, and then the next probe opens the partition and
+ * looks again.
  */
 static bool
-idem_ruled_out(Oid relid, uint64 hash)
+idem_passed_by(Oid relid, uint64 hash, bool filtered)
 {
-	IdemPartition *entry;
+	IdemPartition *entry = NULL;
+	IdemFilterAnswer answer;
 
-	if (idem_partitions == NULL)
-		return false;
-	entry = hash_search(idem_partitions, &relid, HASH_FIND, NULL);
-	return entry != NULL && entry->bytewise && idem_filter_absent(relid, hash);
+	if (idem_partitions != NULL)
+		entry = hash_search(idem_partitions, &relid, HASH_FIND, NULL);
+	if (entry == NULL || !entry->bytewise)
+		return filtered;
+	answer = idem_filter_check(relid, hash);
+	return answer == IDEM_FILTER_ABSENT ||
+		(filtered && answer == IDEM_FILTER_UNKNOWN);
 }
 
 /*
- * Find the live record of (scope, key) as of now, as seen by snapshot: a
- * one-time token's if token, else an idempotency key's; the two kinds never
- * see each other.  rec->shadow_expires is the expires_at of a live record of
- * the other kind with the same scope and key, where the search passed one.
- * With a dirty snapshot (InitDirtySnapshot), a version that another
- * transaction is still writing is found too, and rec->waitxid names it.
- *
- * Only partitions whose range ends after now can hold a live record.  They
- * are probed starting with the one that holds expires_at = hint (where a
- * record claimed just now with the default ttl would be), then towards the
- * older ranges, then the newer ones, and the DEFAULT partition last; the
- * first live record found ends the search, since there is at most one.
+ * The search of idem_records_find and idem_records_find_filtered.
  */
-void
-idem_records_find(Relation parent, text *scope, text *key, bool token,
-				  TimestampTz now, TimestampTz hint, Snapshot snapshot,
-				  IdemRecord *rec)
+static void
+idem_search(Relation parent, text *scope, text *key, bool token,
+			TimestampTz now, TimestampTz hint, Snapshot snapshot,
+			bool filtered, IdemRecord *rec)
 {
 	PartitionDesc pd = RelationGetPartitionDesc(parent, true);
 	PartitionBoundInfo bi = pd->boundinfo;
@@ -721,10 +717,12 @@ idem_records_find(Relation parent, text *scope, text *key, bool token,
 	 * partition it rules out holds no shadow either.
 	 */
 	use_filter = idem_filter_usable();
+	if (filtered && !use_filter)
+		return;
 	if (use_filter)
 		hash = idem_filter_hash(scope, key);
 #define IDEM_PROBE(relid) \
-	(!(use_filter && idem_ruled_out((relid), hash)) && \
+	(!(use_filter && idem_passed_by((relid), hash, filtered)) && \
 	 idem_probe((relid), scope, key, token, now, snapshot, rec))
 
 	/* start, then down to the oldest live range, then up */
@@ -737,6 +735,43 @@ idem_records_find(Relation parent, text *scope, text *key, bool token,
 	if (bi->default_index >= 0)
 		(void) IDEM_PROBE(pd->oids[bi->default_index]);
 #undef IDEM_PROBE
+}
+
+/*
+ * Find the live record of (scope, key) as of now, as seen by snapshot: a
+ * one-time token's if token, else an idempotency key's; the two kinds never
+ * see each other.  rec->shadow_expires is the expires_at of a live record of
+ * the other kind with the same scope and key, where the search passed one.
+ * With a dirty snapshot (InitDirtySnapshot), a version that another
+ * transaction is still writing is found too, and rec->waitxid names it.
+ *
+ * Only partitions whose range ends after now can hold a live record.  They
+ * are probed starting with the one that holds expires_at = hint (where a
+ * record claimed just now with the default ttl would be), then towards the
+ * older ranges, then the newer ones, and the DEFAULT partition last; the
+ * first live record found ends the search, since there is at most one.
+ */
+void
+idem_records_find(Relation parent, text *scope, text *key, bool token,
+				  TimestampTz now, TimestampTz hint, Snapshot snapshot,
+				  IdemRecord *rec)
+{
+	idem_search(parent, scope, key, token, now, hint, snapshot, false, rec);
+}
+
+/*
+ * idem_records_find for an idempotency key, opening only the partitions
+ * whose READY known-absent filter says the key may be there: a key that is
+ * new costs no index descent, one that has a record the descent to it.  A
+ * record found is the key's live record as snapshot sees it; not finding
+ * one proves nothing.  Nothing is found when filters cannot be used.
+ */
+void
+idem_records_find_filtered(Relation parent, text *scope, text *key,
+						   TimestampTz now, TimestampTz hint,
+						   Snapshot snapshot, IdemRecord *rec)
+{
+	idem_search(parent, scope, key, false, now, hint, snapshot, true, rec);
 }
 
 /*

@@ -55,6 +55,40 @@ SELECT outcome FROM idempotency.idem_acquire('flt-new-1');
 SELECT pg_catalog.pg_stat_force_next_flush();
 SELECT pg_temp.idx_scans() - :before > 0 AS replay_descended;
 
+-- A completed record answers before the key lock is taken (specs/31 shows
+-- that it does not wait), with one index descent each, and with the same
+-- answers as under the lock (filters off): replay, mismatch, replay
+-- without a request.
+SELECT outcome FROM idempotency.idem_acquire('flt-done', '{"n": 1}', ttl => '2 days');
+SELECT idempotency.idem_complete('flt-done', 201, '{"id": 1}');
+SELECT pg_catalog.pg_stat_force_next_flush();
+SELECT pg_temp.idx_scans() AS before \gset
+CREATE TEMP TABLE flt_answers AS
+SELECT r.n, a.*
+  FROM (VALUES (1, '{"n": 1}'::jsonb), (2, '{"n": 2}'), (3, NULL)) r(n, req),
+       LATERAL idempotency.idem_acquire('flt-done', r.req, ttl => '2 days') a;
+SELECT pg_catalog.pg_stat_force_next_flush();
+SELECT pg_temp.idx_scans() - :before AS idx_scan_delta;
+SELECT n, outcome, response_status, response_body, attempt FROM flt_answers ORDER BY n;
+SET idempotency.use_filters = off;
+SELECT pg_catalog.count(*) AS differing
+  FROM ((SELECT r.n, a.*
+           FROM (VALUES (1, '{"n": 1}'::jsonb), (2, '{"n": 2}'), (3, NULL)) r(n, req),
+                LATERAL idempotency.idem_acquire('flt-done', r.req, ttl => '2 days') a
+         EXCEPT SELECT * FROM flt_answers)
+        UNION ALL
+        (SELECT * FROM flt_answers
+         EXCEPT SELECT r.n, a.*
+           FROM (VALUES (1, '{"n": 1}'::jsonb), (2, '{"n": 2}'), (3, NULL)) r(n, req),
+                LATERAL idempotency.idem_acquire('flt-done', r.req, ttl => '2 days') a)) d;
+RESET idempotency.use_filters;
+-- a completed record that has expired answers nothing: the key is claimed anew
+SELECT outcome FROM idempotency.idem_acquire('flt-brief', ttl => '1 second');
+SELECT idempotency.idem_complete('flt-brief', 201);
+SELECT outcome FROM idempotency.idem_acquire('flt-brief');
+SELECT pg_catalog.pg_sleep(1.1);
+SELECT outcome, attempt FROM idempotency.idem_acquire('flt-brief');
+
 -- Keys written by SQL, not idem_acquire: each is then found.
 CREATE FUNCTION pg_temp.outcome(k text) RETURNS text
 LANGUAGE sql AS $$ SELECT a.outcome FROM idempotency.idem_acquire(k) a $$;
