@@ -140,12 +140,28 @@ static Oid	idem_records_relid = InvalidOid;
 /* Whether idempotency.records has the 1.1 columns; valid with the OID */
 static bool idem_records_v11 = false;
 
-/* A candidate partition for a probe */
-typedef struct IdemCandidate
+/*
+ * The partitions a search goes through, in the order of their ranges, with
+ * what the search asks of each: made from the parent's partition
+ * descriptor and the partition cache on the first search after either
+ * changed (idem_partitions_gen counts the changes), so that a search reads
+ * neither the bounds nor the hash table per partition.  The DEFAULT
+ * partition, if any, is not in the list.
+ */
+typedef struct IdemSearchPart
 {
 	Oid			relid;
-	TimestampTz upper;			/* DT_NOEND for the DEFAULT partition */
-} IdemCandidate;
+	TimestampTz upper;			/* end of its range */
+	bool		trusted;		/* cached, bytewise: its filter may be asked */
+} IdemSearchPart;
+
+static uint64 idem_partitions_gen = 1;
+static uint64 idem_search_gen = 0;	/* generation the list was made at */
+static PartitionDesc idem_search_pd = NULL; /* descriptor it was made from */
+static IdemSearchPart *idem_search_parts = NULL;	/* in TopMemoryContext */
+static int	idem_search_nparts = 0;
+static int	idem_search_maxparts = 0;
+static Oid	idem_search_default = InvalidOid;
 
 
 /*
@@ -154,6 +170,7 @@ typedef struct IdemCandidate
 static void
 idem_relcache_callback(Datum arg, Oid relid)
 {
+	idem_partitions_gen++;
 	if (!OidIsValid(relid) || relid == idem_records_relid)
 		idem_records_relid = InvalidOid;
 
@@ -306,6 +323,7 @@ idem_partition_info(Relation rel, IdemPartition *result)
 		entry = hash_search(idem_partitions, &relid, HASH_ENTER, &found);
 		*entry = info;
 		*result = info;
+		idem_partitions_gen++;
 	}
 }
 
@@ -646,25 +664,36 @@ idem_probe(Oid relid, text *scope, text *key, bool token, TimestampTz now,
 }
 
 /*
- * May a search pass partition relid by, without opening it?  Where the
- * partition's known-absent filter rules the key of this hash out; in a
- * filtered search (idem_records_find_filtered) also where there is no
- * filter to ask.  A filter is only asked where this backend has looked at
- * the partition before and its probe index compares scope and key by
- * bytes, as the filter's hash does: under a nondeterministic collation the
+ * Is partition relid's filter to be asked: has this backend looked at the
+ * partition before, and does its probe index compare scope and key by
+ * bytes, as the filter's hash does?  Under a nondeterministic collation the
  * index finds keys of other bytes.  The cache entry goes with any change of
  * the partition's indexes, and then the next probe opens the partition and
  * looks again.
  */
 static bool
-idem_passed_by(Oid relid, uint64 hash, bool filtered)
+idem_trusted(Oid relid)
 {
-	IdemPartition *entry = NULL;
+	IdemPartition *entry;
+
+	if (idem_partitions == NULL)
+		return false;
+	entry = hash_search(idem_partitions, &relid, HASH_FIND, NULL);
+	return entry != NULL && entry->bytewise;
+}
+
+/*
+ * May a search pass partition relid by, without opening it?  Where its
+ * filter, if it may be asked (trusted, see idem_trusted), rules the key of
+ * this hash out; in a filtered search (idem_records_find_filtered) also
+ * where there is no filter to ask.
+ */
+static inline bool
+idem_passed_by(Oid relid, bool trusted, uint64 hash, bool filtered)
+{
 	IdemFilterAnswer answer;
 
-	if (idem_partitions != NULL)
-		entry = hash_search(idem_partitions, &relid, HASH_FIND, NULL);
-	if (entry == NULL || !entry->bytewise)
+	if (!trusted)
 		return filtered;
 	answer = idem_filter_check(relid, hash);
 	return answer == IDEM_FILTER_ABSENT ||
@@ -672,7 +701,57 @@ idem_passed_by(Oid relid, uint64 hash, bool filtered)
 }
 
 /*
+ * Make idem_search_parts for partition descriptor pd, unless it is made
+ * for pd already and nothing changed since.
+ */
+static void
+idem_search_list(PartitionDesc pd)
+{
+	PartitionBoundInfo bi = pd->boundinfo;
+	int			i;
+
+	if (idem_search_pd == pd && idem_search_gen == idem_partitions_gen)
+		return;
+
+	if (bi->ndatums > idem_search_maxparts)
+	{
+		int			n = Max(bi->ndatums, 64);
+
+		if (idem_search_parts != NULL)
+			pfree(idem_search_parts);
+		idem_search_parts = MemoryContextAlloc(TopMemoryContext,
+											   sizeof(IdemSearchPart) * n);
+		idem_search_maxparts = n;
+	}
+
+	/* the lookups below may run the callback: count from here */
+	idem_search_gen = idem_partitions_gen;
+	idem_search_nparts = 0;
+	for (i = 0; i < bi->ndatums; i++)
+	{
+		IdemSearchPart *part;
+
+		if (bi->indexes[i] < 0)
+			continue;
+		part = &idem_search_parts[idem_search_nparts++];
+		part->relid = pd->oids[bi->indexes[i]];
+		part->upper = idem_bound_value(bi, i);
+		part->trusted = idem_trusted(part->relid);
+	}
+	idem_search_default = bi->default_index >= 0 ?
+		pd->oids[bi->default_index] : InvalidOid;
+	idem_search_pd = pd;
+}
+
+/*
  * The search of idem_records_find and idem_records_find_filtered.
+ *
+ * A partition whose known-absent filter (filter.c) rules the key out is
+ * not opened at all; the filter covers both kinds of record, so such a
+ * partition holds no shadow either.  A filtered search also passes by every
+ * partition whose filter cannot be asked.  Whether a filter may be asked
+ * comes from the list while nothing has changed since it was made, and
+ * from the partition cache itself once a probe has let an invalidation in.
  */
 static void
 idem_search(Relation parent, text *scope, text *key, bool token,
@@ -680,60 +759,58 @@ idem_search(Relation parent, text *scope, text *key, bool token,
 			bool filtered, IdemRecord *rec)
 {
 	PartitionDesc pd = RelationGetPartitionDesc(parent, true);
-	PartitionBoundInfo bi = pd->boundinfo;
-	IdemCandidate *cand;
-	int			ncand = 0;
-	int			start = 0;
+	int			lo;
+	int			start;
+	int			n;
 	int			i;
 	bool		use_filter;
 	uint64		hash = 0;
 
 	memset(rec, 0, sizeof(IdemRecord));
-	if (bi == NULL)
+	if (pd->boundinfo == NULL)
 		return;
-
-	cand = palloc(sizeof(IdemCandidate) * (bi->ndatums + 1));
-	for (i = 0; i < bi->ndatums; i++)
-	{
-		TimestampTz upper;
-
-		if (bi->indexes[i] < 0)
-			continue;
-		upper = idem_bound_value(bi, i);
-		if (upper <= now)
-			continue;
-		if (upper <= hint)
-			start = ncand + 1;
-		cand[ncand].relid = pd->oids[bi->indexes[i]];
-		cand[ncand].upper = upper;
-		ncand++;
-	}
-	if (start >= ncand)
-		start = ncand - 1;
-
-	/*
-	 * A partition whose known-absent filter (filter.c) rules the key out is
-	 * not opened at all.  The filter covers both kinds of record, so a
-	 * partition it rules out holds no shadow either.
-	 */
 	use_filter = idem_filter_usable();
 	if (filtered && !use_filter)
 		return;
 	if (use_filter)
 		hash = idem_filter_hash(scope, key);
-#define IDEM_PROBE(relid) \
-	(!(use_filter && idem_passed_by((relid), hash, filtered)) && \
+
+	idem_search_list(pd);
+	n = idem_search_nparts;
+
+	/*
+	 * Only ranges that end after now can hold a live record; start with the
+	 * one that holds expires_at = hint, or the last.
+	 */
+	for (lo = 0; lo < n && idem_search_parts[lo].upper <= now; lo++)
+		;
+	for (start = lo; start < n - 1 && idem_search_parts[start].upper <= hint; start++)
+		;
+
+#define IDEM_PROBE(relid, trusted) \
+	(!(use_filter && idem_passed_by((relid), (trusted), hash, filtered)) && \
 	 idem_probe((relid), scope, key, token, now, snapshot, rec))
+#define IDEM_TRUSTED(i) \
+	(idem_search_gen == idem_partitions_gen ? idem_search_parts[i].trusted : \
+	 idem_trusted(idem_search_parts[i].relid))
 
 	/* start, then down to the oldest live range, then up */
-	for (i = start; i >= 0; i--)
-		if (IDEM_PROBE(cand[i].relid))
-			return;
-	for (i = start + 1; i < ncand; i++)
-		if (IDEM_PROBE(cand[i].relid))
-			return;
-	if (bi->default_index >= 0)
-		(void) IDEM_PROBE(pd->oids[bi->default_index]);
+	if (lo < n)
+	{
+		for (i = start; i >= lo; i--)
+			if (IDEM_PROBE(idem_search_parts[i].relid, IDEM_TRUSTED(i)))
+				return;
+		for (i = start + 1; i < n; i++)
+			if (IDEM_PROBE(idem_search_parts[i].relid, IDEM_TRUSTED(i)))
+				return;
+	}
+	if (OidIsValid(idem_search_default))
+	{
+		Oid			relid = idem_search_default;
+
+		(void) IDEM_PROBE(relid, idem_trusted(relid));
+	}
+#undef IDEM_TRUSTED
 #undef IDEM_PROBE
 }
 

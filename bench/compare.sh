@@ -29,6 +29,8 @@
 #     expiring over the next day), and cmp_hourly (ALTER DATABASE ... SET
 #     idempotency.partition_interval = '1h' before CREATE EXTENSION; with the
 #     default max_ttl of 7 days that is about 170 partitions),
+#   - builds the known-absent filters (idempotency.build_filters()), where
+#     the revision has them and the library is preloaded,
 #   - counts the relation locks a transaction holds at its business INSERT
 #     (after idem_acquire of a new key), and how many are fast-path,
 #   - runs the cases (--cases), `pgbench -n -M prepared -h 127.0.0.1 -c C
@@ -384,6 +386,22 @@ run_side() {
 	psql_on cmp_daily -v from=1 -v to="$REPLAY_RECORDS" -v req="$REQ" -v resp="$RESP" \
 		-v spread='1 day' -f "$BENCH_DIR/load_records.sql"
 	psql_on cmp_daily -c "VACUUM ANALYZE idempotency.records"
+	# the known-absent filters, where the build has them and the library is
+	# preloaded: built once the records are in, as idem_maintain() would
+	for db in "${dbs[@]}"; do
+		psql_on "$db" <<-'EOF'
+			SET client_min_messages = warning;
+			DO $$
+			BEGIN
+			    IF pg_catalog.to_regprocedure('idempotency.build_filters(interval)') IS NOT NULL THEN
+			        PERFORM idempotency.build_filters();
+			    END IF;
+			EXCEPTION WHEN object_not_in_prerequisite_state THEN
+			    NULL;	-- not preloaded: no filters
+			END
+			$$;
+		EOF
+	done
 
 	# the server must run this side's build, and keep statistics only where
 	# this side says so
