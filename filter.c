@@ -702,7 +702,7 @@ idem_filter_function_ok(Oid funcoid)
  * Does partition rel have our trigger, with our function, ENABLE ALWAYS,
  * without WHEN or column list, and last?  (Whether its probe index
  * compares by bytes, as the filter's hash does, the reader checks:
- * idem_ruled_out in records.c.)
+ * idem_trusted in records.c.)
  */
 static bool
 idem_filter_rel_ok(Relation rel)

@@ -70,6 +70,7 @@
 #include <limits.h>
 
 #ifdef USE_OPENSSL
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #endif
 
@@ -523,11 +524,50 @@ static EVP_MD *idem_sha256_md = NULL;
 static const EVP_MD *idem_sha256_md = NULL;
 #endif
 static EVP_MD_CTX *idem_sha256_ctx = NULL;
+static bool idem_sha256_failed = false; /* OpenSSL could not make them */
+
+/*
+ * Make the kept digest and context; false if OpenSSL cannot, and then it is
+ * not asked again.
+ */
+static bool
+idem_sha256_setup(void)
+{
+	if (idem_sha256_ctx != NULL)
+		return true;
+	if (idem_sha256_failed)
+		return false;
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+	idem_sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+#else
+	idem_sha256_md = EVP_sha256();
+#endif
+	if (idem_sha256_md != NULL)
+	{
+#if OPENSSL_VERSION_NUMBER >= 0x10100000L
+		idem_sha256_ctx = EVP_MD_CTX_new();
+#else
+		idem_sha256_ctx = EVP_MD_CTX_create();
+#endif
+	}
+	if (idem_sha256_ctx == NULL)
+	{
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+		EVP_MD_free(idem_sha256_md);
+#endif
+		idem_sha256_md = NULL;
+		idem_sha256_failed = true;
+		ERR_clear_error();
+		return false;
+	}
+	return true;
+}
 #endif
 
 /*
  * SHA-256 of len bytes at data into digest.  With OpenSSL, through the kept
- * context; without it (or should OpenSSL fail), through pg_cryptohash.
+ * context; without it (or should OpenSSL fail), through pg_cryptohash,
+ * whose errors are then reported.
  */
 static void
 idem_sha256(const uint8 *data, size_t len, uint8 *digest)
@@ -535,17 +575,7 @@ idem_sha256(const uint8 *data, size_t len, uint8 *digest)
 	pg_cryptohash_ctx *ctx;
 
 #ifdef USE_OPENSSL
-	if (idem_sha256_ctx == NULL)
-	{
-#if OPENSSL_VERSION_NUMBER >= 0x30000000L
-		idem_sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
-#else
-		idem_sha256_md = EVP_sha256();
-#endif
-		if (idem_sha256_md != NULL)
-			idem_sha256_ctx = EVP_MD_CTX_new();
-	}
-	if (idem_sha256_ctx != NULL)
+	if (idem_sha256_setup())
 	{
 		unsigned int outlen;
 
@@ -554,6 +584,8 @@ idem_sha256(const uint8 *data, size_t len, uint8 *digest)
 			EVP_DigestFinal_ex(idem_sha256_ctx, digest, &outlen) == 1 &&
 			outlen == SHA256_DIGEST_BYTES)
 			return;
+		/* leave no error of ours for pg_cryptohash to report */
+		ERR_clear_error();
 	}
 #endif
 
@@ -1485,11 +1517,12 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 	 * takes no lock at all.  The read looks only where the filters say the
 	 * key may be, so a new key pays no index descent here; anything else
 	 * (no record seen, or one not completed) is read again under the lock.
-	 * Under REPEATABLE READ the snapshot is the transaction's, as the check
-	 * after the locked read requires; under SERIALIZABLE the filters, and
-	 * so this read, are not used.
+	 * Only under READ COMMITTED: a transaction snapshot can be older than a
+	 * record deleted by hand and claimed anew, which the check after the
+	 * locked read turns into a serialization failure.
 	 */
-	if (idem_filter_usable() && ActiveSnapshotSet())
+	if (!IsolationUsesXactSnapshot() && idem_filter_usable() &&
+		ActiveSnapshotSet())
 	{
 		idem_records_find_filtered(parent, scope, key, GetCurrentTimestamp(),
 								   hint, GetActiveSnapshot(), &rec);

@@ -569,7 +569,7 @@ idem_probe(Oid relid, text *scope, text *key, bool token, TimestampTz now,
 	if (empty && !(IsMVCCSnapshot(snapshot) && IsolationIsSerializable()))
 	{
 		/*
-		 * Cache what idem_ruled_out needs, so that from the next call on the
+		 * Cache what idem_trusted needs, so that from the next call on the
 		 * partition's filter rules the key out without this open and lseek.
 		 * Partitions are made up to max_ttl ahead, so a new key passes
 		 * several empty ones, and opening each on every call cost a tenth
