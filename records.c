@@ -158,6 +158,7 @@ typedef struct IdemSearchPart
 static uint64 idem_partitions_gen = 1;
 static uint64 idem_search_gen = 0;	/* generation the list was made at */
 static PartitionDesc idem_search_pd = NULL; /* descriptor it was made from */
+static Oid	idem_search_parent = InvalidOid;	/* whose descriptor that is */
 static IdemSearchPart *idem_search_parts = NULL;	/* in TopMemoryContext */
 static int	idem_search_nparts = 0;
 static int	idem_search_maxparts = 0;
@@ -170,14 +171,22 @@ static Oid	idem_search_default = InvalidOid;
 static void
 idem_relcache_callback(Datum arg, Oid relid)
 {
-	idem_partitions_gen++;
+	bool		found = false;
+
+	/* the search's list goes with the parent's descriptor, or an entry */
+	if (!OidIsValid(relid) || relid == idem_search_parent)
+		idem_partitions_gen++;
 	if (!OidIsValid(relid) || relid == idem_records_relid)
 		idem_records_relid = InvalidOid;
 
 	if (idem_partitions == NULL)
 		return;
 	if (OidIsValid(relid))
-		(void) hash_search(idem_partitions, &relid, HASH_REMOVE, NULL);
+	{
+		(void) hash_search(idem_partitions, &relid, HASH_REMOVE, &found);
+		if (found)
+			idem_partitions_gen++;
+	}
 	else
 	{
 		HASH_SEQ_STATUS status;
@@ -701,31 +710,37 @@ idem_passed_by(Oid relid, bool trusted, uint64 hash, bool filtered)
 }
 
 /*
- * Make idem_search_parts for partition descriptor pd, unless it is made
- * for pd already and nothing changed since.
+ * Make idem_search_parts for parent's partition descriptor pd, unless it is
+ * made for pd already and nothing changed since.  While a DETACH
+ * CONCURRENTLY is pending, the descriptor is made anew for each snapshot
+ * that sees the detach differently, without an invalidation, so a new one
+ * may take an old one's address: the list is then made for every search.
  */
 static void
-idem_search_list(PartitionDesc pd)
+idem_search_list(Relation parent, PartitionDesc pd)
 {
 	PartitionBoundInfo bi = pd->boundinfo;
+	uint64		gen = idem_partitions_gen;
 	int			i;
 
-	if (idem_search_pd == pd && idem_search_gen == idem_partitions_gen)
+	if (idem_search_pd == pd && idem_search_gen == gen)
 		return;
 
+	/* not valid until it is complete */
+	idem_search_pd = NULL;
 	if (bi->ndatums > idem_search_maxparts)
 	{
 		int			n = Max(bi->ndatums, 64);
+		IdemSearchPart *parts;
 
+		parts = MemoryContextAlloc(TopMemoryContext,
+								   sizeof(IdemSearchPart) * n);
 		if (idem_search_parts != NULL)
 			pfree(idem_search_parts);
-		idem_search_parts = MemoryContextAlloc(TopMemoryContext,
-											   sizeof(IdemSearchPart) * n);
+		idem_search_parts = parts;
 		idem_search_maxparts = n;
 	}
 
-	/* the lookups below may run the callback: count from here */
-	idem_search_gen = idem_partitions_gen;
 	idem_search_nparts = 0;
 	for (i = 0; i < bi->ndatums; i++)
 	{
@@ -740,7 +755,9 @@ idem_search_list(PartitionDesc pd)
 	}
 	idem_search_default = bi->default_index >= 0 ?
 		pd->oids[bi->default_index] : InvalidOid;
-	idem_search_pd = pd;
+	idem_search_parent = RelationGetRelid(parent);
+	idem_search_gen = gen;
+	idem_search_pd = pd->detached_exist ? NULL : pd;
 }
 
 /*
@@ -775,7 +792,7 @@ idem_search(Relation parent, text *scope, text *key, bool token,
 	if (use_filter)
 		hash = idem_filter_hash(scope, key);
 
-	idem_search_list(pd);
+	idem_search_list(parent, pd);
 	n = idem_search_nparts;
 
 	/*
