@@ -123,18 +123,23 @@ typedef struct IdemFilterSlot
 	pg_atomic_uint32 state;		/* FILTER_FREE, _BUILDING, _READY */
 	Oid			db;				/* set under the lock, state FREE */
 	Oid			relid;
-	/* the bit array follows, at FILTER_BLOCK_BYTES */
 } IdemFilterSlot;
 
-#define FILTER_HEADER_BYTES	FILTER_BLOCK_BYTES
-
+/*
+ * The slots' headers lie side by side, apart from their bit arrays: every
+ * probe looks a partition's slot up by scanning the headers, which then
+ * take a few cache lines of one page, not one page per slot.  Each bit
+ * array is one block longer than its filter, so that a key's blocks, at
+ * the same offset in every filter, do not all fall into one cache set.
+ */
 typedef struct IdemFilterShared
 {
 	LWLock	   *lock;
 	int			nslots;
 	uint32		nblocks;		/* blocks per slot */
-	Size		stride;			/* bytes from one slot to the next */
-	char	   *slots;
+	Size		stride;			/* bytes from one bit array to the next */
+	IdemFilterSlot *slots;		/* nslots headers */
+	char	   *bits;			/* nslots bit arrays of nblocks blocks */
 } IdemFilterShared;
 
 /* GUC variables */
@@ -217,7 +222,7 @@ idem_filter_init(void)
 static Size
 idem_filter_stride(void)
 {
-	return FILTER_HEADER_BYTES + (Size) idem_filter_size * 1024;
+	return (Size) idem_filter_size * 1024 + FILTER_BLOCK_BYTES;
 }
 
 static Size
@@ -225,6 +230,8 @@ idem_filter_memsize(void)
 {
 	Size		size = MAXALIGN(sizeof(IdemFilterShared));
 
+	size = add_size(size, MAXALIGN(mul_size(idem_filters,
+											sizeof(IdemFilterSlot))));
 	size = add_size(size, FILTER_BLOCK_BYTES);
 	return add_size(size, mul_size(idem_filters, idem_filter_stride()));
 }
@@ -265,11 +272,12 @@ idem_filter_shmem_startup(void)
 			(uint32) ((Size) idem_filter_size * 1024 / FILTER_BLOCK_BYTES);
 		idem_filter_shared->stride = idem_filter_stride();
 		p += MAXALIGN(sizeof(IdemFilterShared));
-		idem_filter_shared->slots = (char *) TYPEALIGN(FILTER_BLOCK_BYTES, p);
+		idem_filter_shared->slots = (IdemFilterSlot *) p;
+		p += MAXALIGN(mul_size(idem_filters, sizeof(IdemFilterSlot)));
+		idem_filter_shared->bits = (char *) TYPEALIGN(FILTER_BLOCK_BYTES, p);
 		for (i = 0; i < idem_filters; i++)
 		{
-			IdemFilterSlot *slot = (IdemFilterSlot *)
-				(idem_filter_shared->slots + (Size) i * idem_filter_shared->stride);
+			IdemFilterSlot *slot = &idem_filter_shared->slots[i];
 
 			pg_atomic_init_u32(&slot->gen, 0);
 			pg_atomic_init_u32(&slot->state, FILTER_FREE);
@@ -283,14 +291,16 @@ idem_filter_shmem_startup(void)
 static inline IdemFilterSlot *
 idem_filter_slot(int i)
 {
-	return (IdemFilterSlot *)
-		(idem_filter_shared->slots + (Size) i * idem_filter_shared->stride);
+	return &idem_filter_shared->slots[i];
 }
 
 static inline pg_atomic_uint32 *
 idem_filter_words(IdemFilterSlot *slot)
 {
-	return (pg_atomic_uint32 *) ((char *) slot + FILTER_HEADER_BYTES);
+	Size		i = slot - idem_filter_shared->slots;
+
+	return (pg_atomic_uint32 *)
+		(idem_filter_shared->bits + i * idem_filter_shared->stride);
 }
 
 /*
