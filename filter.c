@@ -44,7 +44,12 @@
  * Readers take no lock: a slot's generation (gen) is bumped by every
  * change of identity or invalidation, and a reader trusts the bits only if
  * the slot was READY for its partition with the same generation before and
- * after reading them.  Filters are not used under SERIALIZABLE (SSI needs
+ * after reading them.  A slot's filled mark says that a key has been added
+ * since its bits were cleared: a filter without one, that of a partition
+ * made ahead and still empty, rules every key out without a look at its
+ * bits.  A (database, partition) pair has at most one slot (the claim
+ * looks for the partition's own slot first, under the lock), which lets a
+ * reader keep the slot's number as a hint.  Filters are not used under SERIALIZABLE (SSI needs
  * the predicate locks of the index scans) nor during recovery.
  *
  * The LWLock serializes slot assignment and state changes only.
@@ -117,12 +122,20 @@
 #define FILTER_BLOCK_WORDS	(FILTER_BLOCK_BYTES / sizeof(pg_atomic_uint32))
 #define FILTER_K			8
 
+/* A hint to the CPU to start loading a cache line */
+#ifdef __GNUC__
+#define idem_prefetch(p)	__builtin_prefetch(p)
+#else
+#define idem_prefetch(p)	((void) (p))
+#endif
+
 typedef struct IdemFilterSlot
 {
 	pg_atomic_uint32 gen;		/* bumped on every invalidation or reuse */
 	pg_atomic_uint32 state;		/* FILTER_FREE, _BUILDING, _READY */
 	Oid			db;				/* set under the lock, state FREE */
 	Oid			relid;
+	pg_atomic_uint32 filled;	/* has any key's bits; cleared with them */
 } IdemFilterSlot;
 
 /*
@@ -281,6 +294,7 @@ idem_filter_shmem_startup(void)
 
 			pg_atomic_init_u32(&slot->gen, 0);
 			pg_atomic_init_u32(&slot->state, FILTER_FREE);
+			pg_atomic_init_u32(&slot->filled, 0);
 			slot->db = InvalidOid;
 			slot->relid = InvalidOid;
 		}
@@ -345,17 +359,34 @@ idem_filter_next_bit(uint32 *x)
 	return *x >> 23;
 }
 
+/* The block of a slot's bits that holds the key of this hash */
+static inline pg_atomic_uint32 *
+idem_filter_key_block(IdemFilterSlot *slot, uint64 hash)
+{
+	return idem_filter_words(slot) +
+		(Size) idem_filter_block(hash) * FILTER_BLOCK_WORDS;
+}
+
 /*
- * Set the bits of hash in a slot.  Each fetch_or is a full barrier, so the
- * bits are set before anything the caller writes next.
+ * Set the bits of hash in a slot, and mark the slot filled first.  Each
+ * fetch_or is a full barrier, so the mark and the bits are set before
+ * anything the caller writes next.  The mark is only written while still
+ * clear, so that the inserts of many backends do not all write the line of
+ * the slots' headers.  Reading a stale 1 left by the slot's previous
+ * partition is harmless: the claim that cleared it made the slot BUILDING
+ * after clearing, and a build waits for the inserters that saw the slot
+ * before that and then adds every row of the heap, marking it again; a
+ * READY slot's mark is never cleared.
  */
 static void
 idem_filter_set(IdemFilterSlot *slot, uint64 hash)
 {
-	pg_atomic_uint32 *block = idem_filter_words(slot) +
-		(Size) idem_filter_block(hash) * FILTER_BLOCK_WORDS;
+	pg_atomic_uint32 *block = idem_filter_key_block(slot, hash);
 	uint32		x = (uint32) hash;
 	int			i;
+
+	if (pg_atomic_read_u32(&slot->filled) == 0)
+		pg_atomic_write_u32(&slot->filled, 1);
 
 	for (i = 0; i < FILTER_K; i++)
 	{
@@ -385,15 +416,60 @@ idem_filter_find(Oid db, Oid relid)
 }
 
 /*
+ * idem_filter_find for a caller that keeps the slot's number between calls
+ * in *hint (-1 at first): the slot is looked at there first, and the scan
+ * of every header is made only when it holds another partition now.
+ */
+static inline IdemFilterSlot *
+idem_filter_find_hinted(Oid relid, int *hint)
+{
+	IdemFilterSlot *slot;
+
+	if (*hint >= 0 && *hint < idem_filter_shared->nslots)
+	{
+		slot = idem_filter_slot(*hint);
+		if (slot->relid == relid && slot->db == MyDatabaseId)
+			return slot;
+	}
+	slot = idem_filter_find(MyDatabaseId, relid);
+	*hint = slot != NULL ? (int) (slot - idem_filter_shared->slots) : -1;
+	return slot;
+}
+
+/*
+ * Start loading the block of partition relid's filter that idem_filter_check
+ * will read for this hash, if the filter has any keys.  A search asks the
+ * filters of several partitions one after the other, each block most likely
+ * out of the CPU's caches: loaded together, their misses overlap.  Only a
+ * hint to the CPU: nothing is read here that an answer depends on.  Only
+ * where *hint (idem_filter_find_hinted) names the partition's slot still:
+ * looking for the slot of a partition that has none would scan every
+ * header on every call, and the check does that once anyway.
+ */
+void
+idem_filter_prefetch(Oid relid, uint64 hash, int *hint)
+{
+	IdemFilterSlot *slot;
+
+	if (*hint < 0 || *hint >= idem_filter_shared->nslots)
+		return;
+	slot = idem_filter_slot(*hint);
+	if (slot->relid == relid && slot->db == MyDatabaseId &&
+		pg_atomic_read_u32(&slot->filled) != 0)
+		idem_prefetch(idem_filter_key_block(slot, hash));
+}
+
+/*
  * What does partition relid's filter say of (scope, key) of this hash?  The
  * hot path of a probe: no lock, a few loads.  ABSENT only if the
  * partition's slot was READY with the same generation before and after the
- * bits were read and one of the bits is clear; MAYBE if it was READY and all
- * of them are set; UNKNOWN where there is no READY filter to ask.  The
- * caller has checked that filters may be used at all (idem_filter_usable).
+ * bits were read and no key had been added to it (filled clear) or one of
+ * the bits is clear; MAYBE if it was READY and all of them are set; UNKNOWN where there is no READY filter to ask.  The
+ * caller has checked that filters may be used at all (idem_filter_usable),
+ * and keeps the slot's number in *hint (idem_filter_find_hinted).
  */
 IdemFilterAnswer
-idem_filter_check(Oid relid, uint64 hash)
+idem_filter_check(Oid relid, uint64 hash, int *hint)
 {
 	IdemFilterSlot *slot;
 	pg_atomic_uint32 *block;
@@ -402,31 +478,47 @@ idem_filter_check(Oid relid, uint64 hash)
 	bool		absent = false;
 	int			i;
 
-	slot = idem_filter_find(MyDatabaseId, relid);
+	slot = idem_filter_find_hinted(relid, hint);
 	if (slot == NULL)
 		return IDEM_FILTER_UNKNOWN;
 
+	/*
+	 * A seqlock's reader: the generation, then the state, then the bits,
+	 * then the generation again, each read after the one before.  Only the
+	 * reads need ordering, among themselves (read barriers, free on x86):
+	 * whatever made a key's record visible to the caller (the key lock, a
+	 * snapshot) was a full barrier taken before this.
+	 */
 	gen = pg_atomic_read_u32(&slot->gen);
-	pg_memory_barrier();
+	pg_read_barrier();
 	if (pg_atomic_read_u32(&slot->state) != FILTER_READY ||
 		slot->db != MyDatabaseId || slot->relid != relid)
 		return IDEM_FILTER_UNKNOWN;
 	pg_read_barrier();
 
-	block = idem_filter_words(slot) +
-		(Size) idem_filter_block(hash) * FILTER_BLOCK_WORDS;
-	for (i = 0; i < FILTER_K; i++)
+	/*
+	 * A filter that no key has been added to rules every key out without a
+	 * look at its bits: partitions made ahead for max_ttl are empty, and a
+	 * new key would otherwise pay a cache miss in each of them.
+	 */
+	if (pg_atomic_read_u32(&slot->filled) == 0)
+		absent = true;
+	else
 	{
-		uint32		bit = idem_filter_next_bit(&x);
-
-		if ((pg_atomic_read_u32(&block[bit >> 5]) & ((uint32) 1 << (bit & 31))) == 0)
+		block = idem_filter_key_block(slot, hash);
+		for (i = 0; i < FILTER_K; i++)
 		{
-			absent = true;
-			break;
+			uint32		bit = idem_filter_next_bit(&x);
+
+			if ((pg_atomic_read_u32(&block[bit >> 5]) & ((uint32) 1 << (bit & 31))) == 0)
+			{
+				absent = true;
+				break;
+			}
 		}
 	}
 
-	pg_memory_barrier();
+	pg_read_barrier();
 	if (pg_atomic_read_u32(&slot->gen) != gen)
 		return IDEM_FILTER_UNKNOWN;
 	return absent ? IDEM_FILTER_ABSENT : IDEM_FILTER_MAYBE;
@@ -1041,6 +1133,7 @@ idem_filter_claim_slot(Oid relid, uint32 *gen)
 		idem_filter_free_slot(slot);
 		memset(idem_filter_words(slot), 0,
 			   (Size) idem_filter_shared->nblocks * FILTER_BLOCK_BYTES);
+		pg_atomic_write_u32(&slot->filled, 0);
 		slot->db = MyDatabaseId;
 		slot->relid = relid;
 		pg_write_barrier();

@@ -1503,7 +1503,6 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 	now = GetCurrentTimestamp();
 	deadline = TimestampTzPlusMilliseconds(now, idem_wait_timeout);
 	hint = now + ttl;
-	idem_key_locktag(&tag, scope, key, false);
 
 	idem_wait_clock_init(&clock);
 	idem_passes_init(&passes);
@@ -1524,8 +1523,8 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 	if (!IsolationUsesXactSnapshot() && idem_filter_usable() &&
 		ActiveSnapshotSet())
 	{
-		idem_records_find_filtered(parent, scope, key, GetCurrentTimestamp(),
-								   hint, GetActiveSnapshot(), &rec);
+		idem_records_find_filtered(parent, scope, key, now, hint,
+								   GetActiveSnapshot(), &rec);
 		if (rec.completed && idem_settled(&rec, hash, &outcome))
 		{
 			have_record = true;
@@ -1533,6 +1532,8 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 		}
 	}
 
+	/* only the locked path needs the key lock's tag */
+	idem_key_locktag(&tag, scope, key, false);
 	for (;;)
 	{
 		long		remaining_ms;

@@ -130,7 +130,8 @@ typedef enum IdemFilterAnswer
 	IDEM_FILTER_MAYBE,			/* the filter has every bit of the key */
 	IDEM_FILTER_ABSENT			/* the key is certainly not in the partition */
 } IdemFilterAnswer;
-extern IdemFilterAnswer idem_filter_check(Oid relid, uint64 hash);
+extern IdemFilterAnswer idem_filter_check(Oid relid, uint64 hash, int *hint);
+extern void idem_filter_prefetch(Oid relid, uint64 hash, int *hint);
 extern void idem_filter_note(Oid relid, uint64 hash);
 
 /* Largest key and scope, in bytes (idempotency.c checks, filter.c relies on it) */

@@ -153,6 +153,7 @@ typedef struct IdemSearchPart
 	Oid			relid;
 	TimestampTz upper;			/* end of its range */
 	bool		trusted;		/* cached, bytewise: its filter may be asked */
+	int			filter_slot;	/* where its filter was last found, or -1 */
 } IdemSearchPart;
 
 static uint64 idem_partitions_gen = 1;
@@ -542,11 +543,12 @@ idem_fill_record(IdemRecord *rec, Relation rel, const IdemPartition *part,
 
 /*
  * Look for the live record of (scope, key) of the kind asked for (a one-time
- * token, or an idempotency key) in one partition.
+ * token, or an idempotency key) in one partition.  maybe: the partition's
+ * filter says the key may be there.
  */
 static bool
 idem_probe(Oid relid, text *scope, text *key, bool token, TimestampTz now,
-		   Snapshot snapshot, IdemRecord *rec)
+		   Snapshot snapshot, bool maybe, IdemRecord *rec)
 {
 	Relation	rel;
 	Relation	index;
@@ -573,8 +575,15 @@ idem_probe(Oid relid, text *scope, text *key, bool token, TimestampTz now,
 	 * early is safe: nothing of the partition is kept, a version of our key
 	 * can only be added under the key lock we hold, and maintenance cannot
 	 * drop or detach the partition while we hold the parent's lock.
+	 *
+	 * A partition whose filter has every bit of the key (maybe) most likely
+	 * holds the key's record: the lseek, a system call on every replay, is
+	 * skipped.  Should the partition be empty all the same (the insert that
+	 * set the bits failed, or the rows are gone), the probe ends at the
+	 * index's metapage and the locks are kept to the end of the
+	 * transaction, as for a partition that holds records.
 	 */
-	empty = RelationGetNumberOfBlocks(rel) == 0;
+	empty = !maybe && RelationGetNumberOfBlocks(rel) == 0;
 	if (empty && !(IsMVCCSnapshot(snapshot) && IsolationIsSerializable()))
 	{
 		/*
@@ -692,21 +701,31 @@ idem_trusted(Oid relid)
 }
 
 /*
- * May a search pass partition relid by, without opening it?  Where its
- * filter, if it may be asked (trusted, see idem_trusted), rules the key of
- * this hash out; in a filtered search (idem_records_find_filtered) also
- * where there is no filter to ask.
+ * The search's step at partition relid: pass it by, without opening it,
+ * where its filter, if it may be asked (use_filter, and trusted, see
+ * idem_trusted), rules the key of this hash out, and in a filtered search
+ * (idem_records_find_filtered) also where there is no filter to ask; else
+ * probe it.  True if the probe found the record.  *filter_slot: the hint of
+ * idem_filter_check.
  */
 static inline bool
-idem_passed_by(Oid relid, bool trusted, uint64 hash, bool filtered)
+idem_search_step(Oid relid, bool trusted, int *filter_slot, bool use_filter,
+				 uint64 hash, bool filtered, text *scope, text *key,
+				 bool token, TimestampTz now, Snapshot snapshot,
+				 IdemRecord *rec)
 {
-	IdemFilterAnswer answer;
+	IdemFilterAnswer answer = IDEM_FILTER_UNKNOWN;
 
-	if (!trusted)
-		return filtered;
-	answer = idem_filter_check(relid, hash);
-	return answer == IDEM_FILTER_ABSENT ||
-		(filtered && answer == IDEM_FILTER_UNKNOWN);
+	if (use_filter)
+	{
+		if (trusted)
+			answer = idem_filter_check(relid, hash, filter_slot);
+		if (answer == IDEM_FILTER_ABSENT ||
+			(filtered && answer == IDEM_FILTER_UNKNOWN))
+			return false;
+	}
+	return idem_probe(relid, scope, key, token, now, snapshot,
+					  answer == IDEM_FILTER_MAYBE, rec);
 }
 
 /*
@@ -752,6 +771,7 @@ idem_search_list(Relation parent, PartitionDesc pd)
 		part->relid = pd->oids[bi->indexes[i]];
 		part->upper = idem_bound_value(bi, i);
 		part->trusted = idem_trusted(part->relid);
+		part->filter_slot = -1;
 	}
 	idem_search_default = bi->default_index >= 0 ?
 		pd->oids[bi->default_index] : InvalidOid;
@@ -804,29 +824,49 @@ idem_search(Relation parent, text *scope, text *key, bool token,
 	for (start = lo; start < n - 1 && idem_search_parts[start].upper <= hint; start++)
 		;
 
-#define IDEM_PROBE(relid, trusted) \
-	(!(use_filter && idem_passed_by((relid), (trusted), hash, filtered)) && \
-	 idem_probe((relid), scope, key, token, now, snapshot, rec))
+#define IDEM_PROBE(relid, trusted, filter_slot) \
+	idem_search_step((relid), (trusted), (filter_slot), use_filter, hash, \
+					 filtered, scope, key, token, now, snapshot, rec)
 #define IDEM_TRUSTED(i) \
 	(idem_search_gen == idem_partitions_gen ? idem_search_parts[i].trusted : \
 	 idem_trusted(idem_search_parts[i].relid))
+#define IDEM_PROBE_PART(i) \
+	IDEM_PROBE(idem_search_parts[i].relid, IDEM_TRUSTED(i), \
+			   &idem_search_parts[i].filter_slot)
+
+	/*
+	 * The filters of the live ranges are asked one after the other until
+	 * the record turns up, the key's block of each most likely not in the
+	 * CPU's caches: have them all loaded at once.
+	 */
+	if (use_filter)
+	{
+		for (i = lo; i < n; i++)
+		{
+			if (idem_search_parts[i].trusted)
+				idem_filter_prefetch(idem_search_parts[i].relid, hash,
+									 &idem_search_parts[i].filter_slot);
+		}
+	}
 
 	/* start, then down to the oldest live range, then up */
 	if (lo < n)
 	{
 		for (i = start; i >= lo; i--)
-			if (IDEM_PROBE(idem_search_parts[i].relid, IDEM_TRUSTED(i)))
+			if (IDEM_PROBE_PART(i))
 				return;
 		for (i = start + 1; i < n; i++)
-			if (IDEM_PROBE(idem_search_parts[i].relid, IDEM_TRUSTED(i)))
+			if (IDEM_PROBE_PART(i))
 				return;
 	}
 	if (OidIsValid(idem_search_default))
 	{
 		Oid			relid = idem_search_default;
+		int			filter_slot = -1;
 
-		(void) IDEM_PROBE(relid, idem_trusted(relid));
+		(void) IDEM_PROBE(relid, idem_trusted(relid), &filter_slot);
 	}
+#undef IDEM_PROBE_PART
 #undef IDEM_TRUSTED
 #undef IDEM_PROBE
 }

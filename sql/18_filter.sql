@@ -55,6 +55,20 @@ SELECT outcome FROM idempotency.idem_acquire('flt-new-1');
 SELECT pg_catalog.pg_stat_force_next_flush();
 SELECT pg_temp.idx_scans() - :before > 0 AS replay_descended;
 
+-- A filter that no key was added to (its partition, made ahead, was empty
+-- when it was built) rules keys out without reading its bits; the first
+-- key written into the partition is then found like any other.
+CREATE FUNCTION pg_temp.bits_at(ahead interval) RETURNS bigint
+LANGUAGE sql AS $$
+    SELECT f.bits_set FROM idempotency.idem_filters() f, idempotency.partitions p
+     WHERE f.partition = p.partition
+       AND p.range_start <= pg_catalog.now() + ahead
+       AND p.range_end > pg_catalog.now() + ahead $$;
+SELECT pg_temp.bits_at('6 days') AS bits_before;
+SELECT outcome FROM idempotency.idem_acquire('flt-late', ttl => '6 days');
+SELECT pg_temp.bits_at('6 days') > 0 AS bits_after;
+SELECT outcome FROM idempotency.idem_acquire('flt-late', ttl => '6 days');
+
 -- A completed record is looked for before the key lock is taken (specs/31
 -- shows that its replay does not wait for the lock): one index descent
 -- each, and the same answers as under the lock (filters off): replay,
