@@ -49,8 +49,9 @@
  * made ahead and still empty, rules every key out without a look at its
  * bits.  A (database, partition) pair has at most one slot (the claim
  * looks for the partition's own slot first, under the lock), which lets a
- * reader keep the slot's number as a hint.  Filters are not used under SERIALIZABLE (SSI needs
- * the predicate locks of the index scans) nor during recovery.
+ * reader keep the slot's number as a hint.  Filters are not used under
+ * SERIALIZABLE (SSI needs the predicate locks of the index scans) nor
+ * during recovery.
  *
  * The LWLock serializes slot assignment and state changes only.
  *
@@ -416,6 +417,23 @@ idem_filter_find(Oid db, Oid relid)
 }
 
 /*
+ * The slot numbered hint, if it is partition relid's of this database now;
+ * else NULL, without looking further.
+ */
+static inline IdemFilterSlot *
+idem_filter_at_hint(Oid relid, int hint)
+{
+	IdemFilterSlot *slot;
+
+	if (hint < 0 || hint >= idem_filter_shared->nslots)
+		return NULL;
+	slot = idem_filter_slot(hint);
+	if (slot->relid != relid || slot->db != MyDatabaseId)
+		return NULL;
+	return slot;
+}
+
+/*
  * idem_filter_find for a caller that keeps the slot's number between calls
  * in *hint (-1 at first): the slot is looked at there first, and the scan
  * of every header is made only when it holds another partition now.
@@ -423,14 +441,10 @@ idem_filter_find(Oid db, Oid relid)
 static inline IdemFilterSlot *
 idem_filter_find_hinted(Oid relid, int *hint)
 {
-	IdemFilterSlot *slot;
+	IdemFilterSlot *slot = idem_filter_at_hint(relid, *hint);
 
-	if (*hint >= 0 && *hint < idem_filter_shared->nslots)
-	{
-		slot = idem_filter_slot(*hint);
-		if (slot->relid == relid && slot->db == MyDatabaseId)
-			return slot;
-	}
+	if (slot != NULL)
+		return slot;
 	slot = idem_filter_find(MyDatabaseId, relid);
 	*hint = slot != NULL ? (int) (slot - idem_filter_shared->slots) : -1;
 	return slot;
@@ -449,13 +463,9 @@ idem_filter_find_hinted(Oid relid, int *hint)
 void
 idem_filter_prefetch(Oid relid, uint64 hash, int *hint)
 {
-	IdemFilterSlot *slot;
+	IdemFilterSlot *slot = idem_filter_at_hint(relid, *hint);
 
-	if (*hint < 0 || *hint >= idem_filter_shared->nslots)
-		return;
-	slot = idem_filter_slot(*hint);
-	if (slot->relid == relid && slot->db == MyDatabaseId &&
-		pg_atomic_read_u32(&slot->filled) != 0)
+	if (slot != NULL && pg_atomic_read_u32(&slot->filled) != 0)
 		idem_prefetch(idem_filter_key_block(slot, hash));
 }
 
@@ -464,9 +474,10 @@ idem_filter_prefetch(Oid relid, uint64 hash, int *hint)
  * hot path of a probe: no lock, a few loads.  ABSENT only if the
  * partition's slot was READY with the same generation before and after the
  * bits were read and no key had been added to it (filled clear) or one of
- * the bits is clear; MAYBE if it was READY and all of them are set; UNKNOWN where there is no READY filter to ask.  The
- * caller has checked that filters may be used at all (idem_filter_usable),
- * and keeps the slot's number in *hint (idem_filter_find_hinted).
+ * the bits is clear; MAYBE if it was READY and all of them are set; UNKNOWN
+ * where there is no READY filter to ask.  The caller has checked that
+ * filters may be used at all (idem_filter_usable), and keeps the slot's
+ * number in *hint (idem_filter_find_hinted).
  */
 IdemFilterAnswer
 idem_filter_check(Oid relid, uint64 hash, int *hint)
