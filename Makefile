@@ -12,7 +12,8 @@ OBJS = \
 	idempotency.o \
 	records.o \
 	stats.o \
-	filter.o
+	filter.o \
+	worker.o
 
 EXTENSION = idempotency
 DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql

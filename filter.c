@@ -220,6 +220,9 @@ idem_filter_init(void)
 							GUC_UNIT_KB,
 							NULL, NULL, NULL);
 
+	/* the workers that build them when the server starts */
+	idem_worker_init(idem_filters > 0);
+
 	if (idem_filters <= 0)
 		return;
 

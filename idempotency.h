@@ -134,6 +134,9 @@ extern IdemFilterAnswer idem_filter_check(Oid relid, uint64 hash, int *hint);
 extern void idem_filter_prefetch(Oid relid, uint64 hash, int *hint);
 extern void idem_filter_note(Oid relid, uint64 hash);
 
+/* worker.c: the filters built when the server starts (preloaded only) */
+extern void idem_worker_init(bool launch);
+
 /* Largest key and scope, in bytes (idempotency.c checks, filter.c relies on it) */
 #define IDEM_MAX_KEY_BYTES		255
 

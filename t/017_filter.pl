@@ -6,7 +6,9 @@
 # built), pg_dump/pg_restore --load-via-partition-root into a database
 # whose filters are built, maintenance moving rows out of DEFAULT, and a
 # restart.  Each checks that idem_acquire never answers "acquired" for a
-# key that is present.
+# key that is present.  Then the workers that build the filters by
+# themselves when a server starts or a standby is promoted
+# (idempotency.build_filters_at_start, off until then).
 
 use strict;
 use warnings;
@@ -22,6 +24,7 @@ my $conf = q{
 shared_preload_libraries = 'idempotency'
 idempotency.filters = 64
 idempotency.filter_size = 64kB
+idempotency.build_filters_at_start = off
 };
 
 # the outcome of idem_acquire for a key that must be present
@@ -156,5 +159,54 @@ foreach my $i (1 .. 3)
 		"far-$i found after restart and build");
 }
 is(outcome($pub, 'postgres', 'rep-1'), 'replay', 'rep-1 replays after restart');
+
+# idempotency.build_filters_at_start: a restart builds the filters of every
+# database with the extension, without a call.
+$pub->safe_psql('postgres', q{
+ALTER SYSTEM SET idempotency.build_filters_at_start = on;
+SELECT pg_reload_conf();
+});
+$pub->backup('started');
+my $logstart = -s $pub->logfile;
+$pub->restart;
+foreach my $db ('postgres', 'restored')
+{
+	ok($pub->poll_query_until($db,
+			"SELECT count(*) > 0 FROM idempotency.idem_filters() WHERE state = 'ready'"),
+		"filters of $db built at startup");
+}
+my $log = substr(slurp_file($pub->logfile), $logstart);
+like($log, qr/idempotency built \d+ known-absent filters in database "postgres"/,
+	'the startup build is logged for postgres');
+like($log, qr/idempotency built \d+ known-absent filters in database "restored"/,
+	'the startup build is logged for restored');
+unlike($log, qr/database "template[01]"/, 'templates are left alone');
+foreach my $i (1 .. 3)
+{
+	isnt(outcome($pub, 'postgres', "far-$i"), 'acquired',
+		"far-$i found with the filters built at startup");
+}
+is(outcome($pub, 'postgres', 'rep-1'), 'replay', 'rep-1 replays with the filters built at startup');
+is(outcome($pub, 'postgres', 'new-after-start'), 'acquired', 'a new key is acquired');
+
+# A standby builds nothing while in recovery, and builds at promotion.
+my $standby2 = PostgreSQL::Test::Cluster->new('standby2');
+$standby2->init_from_backup($pub, 'started', has_streaming => 1);
+$standby2->start;
+$pub->wait_for_catchup($standby2);
+is(ready_filters($standby2, 'postgres'), '0', 'no filter on a standby in recovery');
+$standby2->promote;
+ok($standby2->poll_query_until('postgres',
+		"SELECT count(*) > 0 FROM idempotency.idem_filters() WHERE state = 'ready'"),
+	'filters built at promotion');
+like(slurp_file($standby2->logfile),
+	qr/idempotency built \d+ known-absent filters in database "postgres"/,
+	'the build at promotion is logged');
+foreach my $i (1 .. 3)
+{
+	isnt(outcome($standby2, 'postgres', "far-$i"), 'acquired',
+		"far-$i found on the promoted standby");
+}
+$standby2->stop;
 
 done_testing();

@@ -1,0 +1,251 @@
+/*-------------------------------------------------------------------------
+ *
+ * worker.c
+ *		Background workers that build the known-absent filters (filter.c)
+ *		when the server starts, so that new keys do not descend every live
+ *		partition's index until the next maintenance run.
+ *
+ * Shared memory starts empty at every server start, and a standby builds
+ * nothing before it is promoted.  When the library is preloaded with
+ * filters, a launcher is registered that starts once the server accepts
+ * writes: at startup, or at the promotion of a standby.  Not bound to a
+ * database, it lists the databases that allow connections (templates
+ * aside) from the shared catalog pg_database, and starts for each, one
+ * after the other, a worker
+ * that connects to it and, where the extension is at a version that has
+ * them, calls idempotency.build_filters() as the bootstrap superuser (who
+ * may build as the owner can).  Both exit when done: after a crash the
+ * filters come back with the next maintenance run, as before.
+ *
+ * idempotency.build_filters_at_start = off leaves the launcher with nothing
+ * to do.
+ *
+ * IDENTIFICATION
+ *	  worker.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/pg_database.h"
+#include "commands/dbcommands.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "nodes/pg_list.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "storage/ipc.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+
+#include "idempotency.h"
+
+PGDLLEXPORT void idem_filter_launcher_main(Datum main_arg);
+PGDLLEXPORT void idem_filter_builder_main(Datum main_arg);
+
+/* GUC variable */
+static bool idem_build_filters_at_start = true;
+
+/* A database the launcher will visit */
+typedef struct IdemWorkerDatabase
+{
+	Oid			oid;
+	char		name[NAMEDATALEN];
+} IdemWorkerDatabase;
+
+/*
+ * Define the setting, and register the launcher if launch (filters are
+ * enabled).  Called from _PG_init while shared_preload_libraries is
+ * processed.  Not under pg_upgrade, whose servers must not be written to
+ * behind its back.
+ */
+void
+idem_worker_init(bool launch)
+{
+	BackgroundWorker worker;
+
+	DefineCustomBoolVariable("idempotency.build_filters_at_start",
+							 "Builds the known-absent filters of every database with the extension when the server starts or a standby is promoted.",
+							 "Off, they are built by the next maintenance run or idempotency.build_filters().",
+							 &idem_build_filters_at_start,
+							 true,
+							 PGC_SIGHUP,
+							 0,
+							 NULL, NULL, NULL);
+
+	if (!launch || IsBinaryUpgrade)
+		return;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
+		BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	strlcpy(worker.bgw_library_name, "idempotency", BGW_MAXLEN);
+	strlcpy(worker.bgw_function_name, "idem_filter_launcher_main", BGW_MAXLEN);
+	strlcpy(worker.bgw_name, "idempotency filter launcher", BGW_MAXLEN);
+	strlcpy(worker.bgw_type, "idempotency filter launcher", BGW_MAXLEN);
+	RegisterBackgroundWorker(&worker);
+}
+
+/*
+ * The databases that allow connections and are not templates, read from
+ * pg_database into memory that outlives the transaction.
+ */
+static List *
+idem_worker_databases(void)
+{
+	List	   *result = NIL;
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tup;
+
+	StartTransactionCommand();
+	(void) GetTransactionSnapshot();
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	scan = table_beginscan_catalog(rel, 0, NULL);
+	while (HeapTupleIsValid(tup = heap_getnext(scan, ForwardScanDirection)))
+	{
+		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
+		IdemWorkerDatabase *entry;
+		MemoryContext old;
+
+		if (!db->datallowconn || db->datistemplate)
+			continue;
+		old = MemoryContextSwitchTo(TopMemoryContext);
+		entry = palloc(sizeof(IdemWorkerDatabase));
+		entry->oid = db->oid;
+		strlcpy(entry->name, NameStr(db->datname), NAMEDATALEN);
+		result = lappend(result, entry);
+		MemoryContextSwitchTo(old);
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+	CommitTransactionCommand();
+	return result;
+}
+
+/*
+ * The launcher: one builder per database, one at a time, so that the
+ * builds take one background worker slot and one CPU at most.
+ */
+void
+idem_filter_launcher_main(Datum main_arg)
+{
+	List	   *databases;
+	ListCell   *lc;
+
+	BackgroundWorkerUnblockSignals();
+	if (!idem_build_filters_at_start)
+		proc_exit(0);
+
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+	databases = idem_worker_databases();
+
+	foreach(lc, databases)
+	{
+		IdemWorkerDatabase *db = (IdemWorkerDatabase *) lfirst(lc);
+		BackgroundWorker worker;
+		BackgroundWorkerHandle *handle;
+		pid_t		pid;
+
+		memset(&worker, 0, sizeof(worker));
+		worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
+			BGWORKER_BACKEND_DATABASE_CONNECTION;
+		worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+		worker.bgw_restart_time = BGW_NEVER_RESTART;
+		strlcpy(worker.bgw_library_name, "idempotency", BGW_MAXLEN);
+		strlcpy(worker.bgw_function_name, "idem_filter_builder_main", BGW_MAXLEN);
+		snprintf(worker.bgw_name, BGW_MAXLEN,
+				 "idempotency filter builder for database %u", db->oid);
+		strlcpy(worker.bgw_type, "idempotency filter builder", BGW_MAXLEN);
+		worker.bgw_main_arg = ObjectIdGetDatum(db->oid);
+		worker.bgw_notify_pid = MyProcPid;
+
+		if (!RegisterDynamicBackgroundWorker(&worker, &handle))
+		{
+			ereport(LOG,
+					(errmsg("idempotency could not start a worker to build the filters of database \"%s\"",
+							db->name),
+					 errdetail("No background worker slot is free."),
+					 errhint("Raise max_worker_processes, or build them with idempotency.build_filters().")));
+			break;
+		}
+		if (WaitForBackgroundWorkerStartup(handle, &pid) != BGWH_STARTED)
+			continue;
+		(void) WaitForBackgroundWorkerShutdown(handle);
+	}
+	proc_exit(0);
+}
+
+/*
+ * A builder: in its database, idempotency.build_filters() if the extension
+ * is there at a version that has it.  It waits a second at most for the
+ * transactions writing to a partition when its build begins (prepared ones
+ * survive a restart): such a partition is left to maintenance.  An error
+ * ends the worker with a LOG entry; the next maintenance run builds what is
+ * missing.
+ */
+void
+idem_filter_builder_main(Datum main_arg)
+{
+	Oid			dboid = DatumGetObjectId(main_arg);
+	bool		have = false;
+	int64		built = 0;
+	char		dbname[NAMEDATALEN];
+
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
+
+	/* a build runs at READ COMMITTED, whatever the server's default */
+	SetConfigOption("default_transaction_isolation", "read committed",
+					PGC_SUSET, PGC_S_OVERRIDE);
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "building idempotency filters");
+	strlcpy(dbname, get_database_name(dboid), NAMEDATALEN);
+
+	if (SPI_execute("SELECT pg_catalog.to_regprocedure('idempotency.build_filters(interval)') IS NOT NULL",
+					true, 1) == SPI_OK_SELECT && SPI_processed == 1)
+	{
+		bool		isnull;
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, 1, &isnull);
+
+		have = !isnull && DatumGetBool(d);
+	}
+	if (have &&
+		SPI_execute("SELECT idempotency.build_filters('1s'::pg_catalog.interval)",
+					false, 1) == SPI_OK_SELECT &&
+		SPI_processed == 1)
+	{
+		bool		isnull;
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, 1, &isnull);
+
+		if (!isnull)
+			built = DatumGetInt32(d);
+	}
+
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+
+	if (have)
+		ereport(LOG,
+				(errmsg("idempotency built %lld known-absent filters in database \"%s\"",
+						(long long) built, dbname)));
+	proc_exit(0);
+}
