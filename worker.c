@@ -11,11 +11,12 @@
  * writes: at startup, or at the promotion of a standby.  Not bound to a
  * database, it lists the databases that allow connections (templates
  * aside) from the shared catalog pg_database, and starts for each, one
- * after the other, a worker
- * that connects to it and, where the extension is at a version that has
- * them, calls idempotency.build_filters() as the bootstrap superuser (who
- * may build as the owner can).  Both exit when done: after a crash the
- * filters come back with the next maintenance run, as before.
+ * after the other, a worker that connects to it and, where the extension
+ * is installed at a version that has it, calls the extension's own
+ * build_filters('1s') as the bootstrap superuser (who may build as the
+ * owner can).  Both exit when done: after a crash the filters come back
+ * with the next maintenance run, as before.  SIGTERM (a fast shutdown)
+ * ends them at the next interrupt check.
  *
  * idempotency.build_filters_at_start = off leaves the launcher with nothing
  * to do.
@@ -32,18 +33,27 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/dependency.h"
 #include "catalog/pg_database.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
 #include "commands/dbcommands.h"
-#include "executor/spi.h"
+#include "commands/extension.h"
+#include "datatype/timestamp.h"
+#include "fmgr.h"
 #include "miscadmin.h"
 #include "nodes/pg_list.h"
+#include "nodes/value.h"
+#include "parser/parse_func.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "storage/ipc.h"
+#include "tcop/tcopprot.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
+#include "utils/timestamp.h"
 
 #include "idempotency.h"
 
@@ -59,6 +69,26 @@ typedef struct IdemWorkerDatabase
 	Oid			oid;
 	char		name[NAMEDATALEN];
 } IdemWorkerDatabase;
+
+/*
+ * What the launcher and the builders have in common: they attach to shared
+ * memory, may connect to a database, start once the server accepts writes
+ * and are not started again after a crash.
+ */
+static void
+idem_worker_fill(BackgroundWorker *worker, const char *function,
+				 const char *type)
+{
+	memset(worker, 0, sizeof(BackgroundWorker));
+	worker->bgw_flags = BGWORKER_SHMEM_ACCESS |
+		BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker->bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker->bgw_restart_time = BGW_NEVER_RESTART;
+	strlcpy(worker->bgw_library_name, "idempotency", BGW_MAXLEN);
+	strlcpy(worker->bgw_function_name, function, BGW_MAXLEN);
+	strlcpy(worker->bgw_name, type, BGW_MAXLEN);
+	strlcpy(worker->bgw_type, type, BGW_MAXLEN);
+}
 
 /*
  * Define the setting, and register the launcher if launch (filters are
@@ -83,15 +113,8 @@ idem_worker_init(bool launch)
 	if (!launch || IsBinaryUpgrade)
 		return;
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
-		BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	strlcpy(worker.bgw_library_name, "idempotency", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "idem_filter_launcher_main", BGW_MAXLEN);
-	strlcpy(worker.bgw_name, "idempotency filter launcher", BGW_MAXLEN);
-	strlcpy(worker.bgw_type, "idempotency filter launcher", BGW_MAXLEN);
+	idem_worker_fill(&worker, "idem_filter_launcher_main",
+					 "idempotency filter launcher");
 	RegisterBackgroundWorker(&worker);
 }
 
@@ -119,6 +142,11 @@ idem_worker_databases(void)
 
 		if (!db->datallowconn || db->datistemplate)
 			continue;
+#ifdef DATCONNLIMIT_INVALID_DB
+		/* left half dropped: connecting would fail */
+		if (db->datconnlimit == DATCONNLIMIT_INVALID_DB)
+			continue;
+#endif
 		old = MemoryContextSwitchTo(TopMemoryContext);
 		entry = palloc(sizeof(IdemWorkerDatabase));
 		entry->oid = db->oid;
@@ -142,6 +170,7 @@ idem_filter_launcher_main(Datum main_arg)
 	List	   *databases;
 	ListCell   *lc;
 
+	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 	if (!idem_build_filters_at_start)
 		proc_exit(0);
@@ -154,18 +183,13 @@ idem_filter_launcher_main(Datum main_arg)
 		IdemWorkerDatabase *db = (IdemWorkerDatabase *) lfirst(lc);
 		BackgroundWorker worker;
 		BackgroundWorkerHandle *handle;
+		BgwHandleStatus status;
 		pid_t		pid;
 
-		memset(&worker, 0, sizeof(worker));
-		worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
-			BGWORKER_BACKEND_DATABASE_CONNECTION;
-		worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-		worker.bgw_restart_time = BGW_NEVER_RESTART;
-		strlcpy(worker.bgw_library_name, "idempotency", BGW_MAXLEN);
-		strlcpy(worker.bgw_function_name, "idem_filter_builder_main", BGW_MAXLEN);
+		idem_worker_fill(&worker, "idem_filter_builder_main",
+						 "idempotency filter builder");
 		snprintf(worker.bgw_name, BGW_MAXLEN,
 				 "idempotency filter builder for database %u", db->oid);
-		strlcpy(worker.bgw_type, "idempotency filter builder", BGW_MAXLEN);
 		worker.bgw_main_arg = ObjectIdGetDatum(db->oid);
 		worker.bgw_notify_pid = MyProcPid;
 
@@ -178,16 +202,44 @@ idem_filter_launcher_main(Datum main_arg)
 					 errhint("Raise max_worker_processes, or build them with idempotency.build_filters().")));
 			break;
 		}
-		if (WaitForBackgroundWorkerStartup(handle, &pid) != BGWH_STARTED)
-			continue;
-		(void) WaitForBackgroundWorkerShutdown(handle);
+		status = WaitForBackgroundWorkerStartup(handle, &pid);
+		if (status == BGWH_STARTED)
+			status = WaitForBackgroundWorkerShutdown(handle);
+		if (status == BGWH_POSTMASTER_DIED)
+			proc_exit(1);
 	}
 	proc_exit(0);
 }
 
 /*
- * A builder: in its database, idempotency.build_filters() if the extension
- * is there at a version that has it.  It waits a second at most for the
+ * The extension's own idempotency.build_filters(interval) in this
+ * database, or InvalidOid where the extension is not installed or is at a
+ * version without it.  Looked up by name, and then checked to be a member
+ * of the extension: the builder runs as a superuser, and a function of that
+ * name that someone else made in a database without the extension must
+ * never run.
+ */
+static Oid
+idem_worker_build_function(void)
+{
+	Oid			extoid = get_extension_oid("idempotency", true);
+	Oid			argtypes[1] = {INTERVALOID};
+	Oid			funcoid;
+
+	if (!OidIsValid(extoid))
+		return InvalidOid;
+	funcoid = LookupFuncName(list_make2(makeString("idempotency"),
+										makeString("build_filters")),
+							 1, argtypes, true);
+	if (!OidIsValid(funcoid) ||
+		getExtensionOfObject(ProcedureRelationId, funcoid) != extoid)
+		return InvalidOid;
+	return funcoid;
+}
+
+/*
+ * A builder: in its database, the extension's build_filters() if it is
+ * there at a version that has it.  It waits a second at most for the
  * transactions writing to a partition when its build begins (prepared ones
  * survive a restart): such a partition is left to maintenance.  An error
  * ends the worker with a LOG entry; the next maintenance run builds what is
@@ -197,10 +249,11 @@ void
 idem_filter_builder_main(Datum main_arg)
 {
 	Oid			dboid = DatumGetObjectId(main_arg);
-	bool		have = false;
-	int64		built = 0;
+	Oid			funcoid;
+	int32		built = 0;
 	char		dbname[NAMEDATALEN];
 
+	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
 
@@ -210,42 +263,26 @@ idem_filter_builder_main(Datum main_arg)
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, "building idempotency filters");
 	strlcpy(dbname, get_database_name(dboid), NAMEDATALEN);
 
-	if (SPI_execute("SELECT pg_catalog.to_regprocedure('idempotency.build_filters(interval)') IS NOT NULL",
-					true, 1) == SPI_OK_SELECT && SPI_processed == 1)
+	funcoid = idem_worker_build_function();
+	if (OidIsValid(funcoid))
 	{
-		bool		isnull;
-		Datum		d = SPI_getbinval(SPI_tuptable->vals[0],
-									  SPI_tuptable->tupdesc, 1, &isnull);
+		Interval	max_wait = {.time = USECS_PER_SEC};
 
-		have = !isnull && DatumGetBool(d);
-	}
-	if (have &&
-		SPI_execute("SELECT idempotency.build_filters('1s'::pg_catalog.interval)",
-					false, 1) == SPI_OK_SELECT &&
-		SPI_processed == 1)
-	{
-		bool		isnull;
-		Datum		d = SPI_getbinval(SPI_tuptable->vals[0],
-									  SPI_tuptable->tupdesc, 1, &isnull);
-
-		if (!isnull)
-			built = DatumGetInt32(d);
+		built = DatumGetInt32(OidFunctionCall1(funcoid,
+											   IntervalPGetDatum(&max_wait)));
 	}
 
-	SPI_finish();
 	PopActiveSnapshot();
 	CommitTransactionCommand();
 	pgstat_report_activity(STATE_IDLE, NULL);
 
-	if (have)
+	if (OidIsValid(funcoid))
 		ereport(LOG,
-				(errmsg("idempotency built %lld known-absent filters in database \"%s\"",
-						(long long) built, dbname)));
+				(errmsg("idempotency built %d known-absent filters in database \"%s\"",
+						built, dbname)));
 	proc_exit(0);
 }

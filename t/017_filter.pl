@@ -161,7 +161,19 @@ foreach my $i (1 .. 3)
 is(outcome($pub, 'postgres', 'rep-1'), 'replay', 'rep-1 replays after restart');
 
 # idempotency.build_filters_at_start: a restart builds the filters of every
-# database with the extension, without a call.
+# database with the extension, without a call.  Not those of a template,
+# and never a function of the same name that is not the extension's.
+$pub->safe_psql('postgres', 'CREATE DATABASE tmpl');
+$pub->safe_psql('tmpl', 'CREATE EXTENSION idempotency');
+$pub->safe_psql('postgres', 'ALTER DATABASE tmpl IS_TEMPLATE true');
+$pub->safe_psql('postgres', 'CREATE DATABASE fake');
+$pub->safe_psql('fake', q{
+CREATE TABLE public.trace (x int);
+CREATE SCHEMA idempotency;
+CREATE FUNCTION idempotency.build_filters(max_wait interval DEFAULT NULL)
+RETURNS integer LANGUAGE sql
+AS $$ INSERT INTO public.trace VALUES (1) RETURNING 1 $$;
+});
 $pub->safe_psql('postgres', q{
 ALTER SYSTEM SET idempotency.build_filters_at_start = on;
 SELECT pg_reload_conf();
@@ -171,16 +183,22 @@ my $logstart = -s $pub->logfile;
 $pub->restart;
 foreach my $db ('postgres', 'restored')
 {
-	ok($pub->poll_query_until($db,
-			"SELECT count(*) > 0 FROM idempotency.idem_filters() WHERE state = 'ready'"),
-		"filters of $db built at startup");
+	ok( defined $pub->wait_for_log(
+			qr/idempotency built \d+ known-absent filters in database "$db"/,
+			$logstart),
+		"the startup build of $db is logged");
+	cmp_ok(ready_filters($pub, $db), '>', 0, "filters of $db built at startup");
 }
+ok( $pub->poll_query_until('postgres', q{
+SELECT count(*) = 0 FROM pg_stat_activity
+ WHERE backend_type LIKE 'idempotency filter%'}),
+	'the startup workers are done');
 my $log = substr(slurp_file($pub->logfile), $logstart);
-like($log, qr/idempotency built \d+ known-absent filters in database "postgres"/,
-	'the startup build is logged for postgres');
-like($log, qr/idempotency built \d+ known-absent filters in database "restored"/,
-	'the startup build is logged for restored');
-unlike($log, qr/database "template[01]"/, 'templates are left alone');
+is(ready_filters($pub, 'tmpl'), '0', 'no filter built in a template');
+unlike($log, qr/database "(tmpl|fake|template[01])"/,
+	'no build logged for a template or a database without the extension');
+is($pub->safe_psql('fake', 'SELECT count(*) FROM public.trace'), '0',
+	'a build_filters() that is not the extension\'s is never called');
 foreach my $i (1 .. 3)
 {
 	isnt(outcome($pub, 'postgres', "far-$i"), 'acquired',
@@ -195,13 +213,15 @@ $standby2->init_from_backup($pub, 'started', has_streaming => 1);
 $standby2->start;
 $pub->wait_for_catchup($standby2);
 is(ready_filters($standby2, 'postgres'), '0', 'no filter on a standby in recovery');
+my $promoted = -s $standby2->logfile;
 $standby2->promote;
-ok($standby2->poll_query_until('postgres',
-		"SELECT count(*) > 0 FROM idempotency.idem_filters() WHERE state = 'ready'"),
-	'filters built at promotion');
-like(slurp_file($standby2->logfile),
-	qr/idempotency built \d+ known-absent filters in database "postgres"/,
+ok( defined $standby2->wait_for_log(
+		qr/idempotency built \d+ known-absent filters in database "postgres"/,
+		$promoted),
 	'the build at promotion is logged');
+cmp_ok(ready_filters($standby2, 'postgres'), '>', 0, 'filters built at promotion');
+unlike(slurp_file($standby2->logfile), qr/cannot be built during recovery/,
+	'no build was tried during recovery');
 foreach my $i (1 .. 3)
 {
 	isnt(outcome($standby2, 'postgres', "far-$i"), 'acquired',
