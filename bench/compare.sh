@@ -26,7 +26,7 @@
 #   - creates fresh databases with CREATE EXTENSION (so that revision's SQL
 #     script applies): cmp_daily (default idempotency.partition_interval,
 #     1 day) with --replay-records completed records (bench/load_records.sql,
-#     expiring over the next day), and cmp_hourly (ALTER DATABASE ... SET
+#     expiring over the next --spread), and cmp_hourly (ALTER DATABASE ... SET
 #     idempotency.partition_interval = '1h' before CREATE EXTENSION; with the
 #     default max_ttl of 7 days that is about 170 partitions),
 #   - builds the known-absent filters (idempotency.build_filters()), where
@@ -58,7 +58,12 @@
 #
 #   bash bench/compare.sh [--stats] [--rounds N] [--duration S]
 #                         [--clients C[,C...]] [--cases CASE[,CASE...]]
-#                         [--replay-records N] REV_A REV_B | REV
+#                         [--replay-records N] [--spread INTERVAL]
+#                         REV_A REV_B | REV
+#
+# --spread: the window over which the replay records expire, as in
+# bench/run.sh: '1 day' (the default) puts them in two daily partitions,
+# '6 days' (issue 13's mixed ttls) in seven.
 #
 # Defaults: 5 rounds, 10 s a case, 200,000 replay records; two revisions:
 # all four cases at 8 clients, about 45 s a side a round (4 cases of 10 s,
@@ -81,6 +86,7 @@ CLIENTS=
 CASE_LIST=
 STATS_MODE=0
 REPLAY_RECORDS=200000
+SPREAD='1 day'
 REQ='{"amount_cents": 2000, "currency": "EUR", "order": "A-1001"}'
 RESP='{"payment_id": 7, "status": "succeeded", "amount_cents": 2000}'
 ALL_CASES=(ext_new ext_new_biz_1d ext_new_biz_1h ext_replay)
@@ -100,6 +106,7 @@ while (($#)); do
 	--cases) CASE_LIST=${2:?}; shift 2 ;;
 	--stats) STATS_MODE=1; shift ;;
 	--replay-records) REPLAY_RECORDS=${2:?}; shift 2 ;;
+	--spread) SPREAD=${2:?}; shift 2 ;;
 	-h | --help) usage 0 ;;
 	-*) echo "unknown option: $1" >&2; usage 2 ;;
 	*) REVS+=("$1"); shift ;;
@@ -117,6 +124,7 @@ fi
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 ]] || die "--duration takes whole seconds"
 [[ $CLIENTS =~ ^[0-9]+(,[0-9]+)*$ && ! ,$CLIENTS, =~ ,0, ]] || die "--clients takes positive numbers, comma-separated"
 [[ $REPLAY_RECORDS =~ ^[0-9]+$ && $REPLAY_RECORDS -ge 1 ]] || die "--replay-records takes a positive number"
+[[ $SPREAD =~ ^[0-9]+\ (hour|hours|day|days)$ ]] || die "--spread takes an interval such as '1 day' or '6 days'"
 IFS=', ' read -r -a CLIENT_COUNTS <<<"$CLIENTS"
 IFS=', ' read -r -a CASE_NAMES <<<"$CASE_LIST"
 for c in "${CASE_NAMES[@]}"; do
@@ -365,8 +373,16 @@ run_side() {
 	log "round $round/$ROUNDS, $side (${DESC[$side]})"
 	installed_is "$side" || die "the extension in $side's private PostgreSQL is not $side's build"
 	PG_BINDIR=$(side_bindir "$side")
-	echo "shared_preload_libraries = '${PRELOAD[$side]}'" |
-		as_postgres tee "$IDEM_PGDATA/compare_side.conf" >/dev/null
+	# The filters are built below once the records are in: a startup build
+	# (the worker of revisions that have one) would hold the databases
+	# dropped right after this restart.  Only where the library is
+	# preloaded, which is where the setting exists.
+	{
+		echo "shared_preload_libraries = '${PRELOAD[$side]}'"
+		if [[ ${PRELOAD[$side]} == *idempotency* ]]; then
+			echo "idempotency.build_filters_at_start = off"
+		fi
+	} | as_postgres tee "$IDEM_PGDATA/compare_side.conf" >/dev/null
 	# -p: pg_ctl restart would otherwise start the binary of the last start
 	as_postgres "$PG_BINDIR/pg_ctl" restart -D "$IDEM_PGDATA" -m fast -w -t 120 \
 		-p "$PG_BINDIR/postgres" -l "$IDEM_SERVER_LOG" >/dev/null || die "the server did not restart"
@@ -384,7 +400,7 @@ run_side() {
 		psql_on "$db" -f "$BENCH_DIR/compare_setup.sql"
 	done
 	psql_on cmp_daily -v from=1 -v to="$REPLAY_RECORDS" -v req="$REQ" -v resp="$RESP" \
-		-v spread='1 day' -f "$BENCH_DIR/load_records.sql"
+		-v spread="$SPREAD" -f "$BENCH_DIR/load_records.sql"
 	psql_on cmp_daily -c "VACUUM ANALYZE idempotency.records"
 	# the known-absent filters, where the build has them and the library is
 	# preloaded: built once the records are in, as idem_maintain() would
@@ -474,7 +490,7 @@ report() {
 	echo "- pgbench: \`pgbench -n -M prepared -h 127.0.0.1 -c C -j min(C,2) -T $DURATION -l\`, C = ${CLIENT_COUNTS[*]}; p99 from the per-transaction log (every transaction)"
 	echo "- server: $SETTINGS; CHECKPOINT before every case; restarted with the side's binaries (a private copy of PostgreSQL 15 each) and preload at every turn"
 	echo "- $ROUNDS rounds, order per round: ${ORDERS[*]}; fresh databases each time (cmp_daily: 1 d partitions," \
-		"$REPLAY_RECORDS completed records expiring over the next day$( ((NEED_HOURLY)) && echo "; cmp_hourly: 1 h partitions" || true))"
+		"$REPLAY_RECORDS completed records expiring over the next $SPREAD$( ((NEED_HOURLY)) && echo "; cmp_hourly: 1 h partitions" || true))"
 	echo
 	echo "## Medians over the rounds"
 	echo
