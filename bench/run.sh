@@ -22,6 +22,12 @@
 #                   with --filters-compare: ext_new and ext_replay with
 #                   idempotency.use_filters = off (every live partition's
 #                   index descended, as without filters), in the same rounds
+#   floor_replay_check, ext_replay_nocheck
+#                   with --request-compare: floor_replay that also receives
+#                   the request, hashes it as the extension does and compares
+#                   it with the stored hash (what a hand-written replay needs
+#                   to answer mismatch), and ext_replay with request NULL
+#                   (no payload check), in the same rounds
 #
 # The main cases (all but ext_hot_key) run in --rounds interleaved rounds:
 # every round runs each of them once at each client count, in the order
@@ -43,7 +49,8 @@
 #   bash bench/run.sh [--rounds N] [--quick] [--spread-compare] [--pg MAJOR]
 #                     [--duration S] [--sync on|off] [--records N]
 #                     [--memory-calls N] [--hot-n N] [--spread INTERVAL]
-#                     [--stats on|off] [--filters-compare] [--perf]
+#                     [--stats on|off] [--filters-compare]
+#                     [--request-compare] [--perf]
 #
 # --rounds: how many rounds of the main cases (default 3, at least 1; issue
 # 13's targets are medians of at least 3).
@@ -78,6 +85,12 @@
 # keys of its partition's current rows only.  --filters-compare adds the
 # _nf cases above, so that filters on and off are compared in one run.
 #
+# --request-compare adds floor_replay_check and ext_replay_nocheck above,
+# and a report section with what the request check costs each side: the
+# extension's replay against the hand-written one that checks the request
+# too, and the extension's replay without the check against floor_replay.
+# Neither case is one of issue 13's targets.
+#
 # --pg: the PostgreSQL major, 15 (the default: the host's own) or 17 or 18:
 # then the whole benchmark runs, with the same options, in the Debian root
 # of that major that scripts/matrix.sh makes and keeps (made or refreshed as
@@ -109,8 +122,8 @@ WIDE_SPREAD='6 days'	# --spread-compare's second spread, issue 13's
 STATS=on
 PERF=0
 FILTERS_COMPARE=0
+REQUEST_COMPARE=0
 CLIENT_COUNTS=(2 8)
-MAIN_CASES=(floor_new article plpgsql_new ext_new floor_replay plpgsql_replay ext_replay)
 DB=idem_bench
 REQ='{"amount_cents": 2000, "currency": "EUR", "order": "A-1001"}'
 RESP='{"payment_id": 7, "status": "succeeded", "amount_cents": 2000}'
@@ -136,6 +149,7 @@ while (($#)); do
 	--stats) STATS=${2:?}; shift 2 ;;
 	--perf) PERF=1; shift ;;
 	--filters-compare) FILTERS_COMPARE=1; shift ;;
+	--request-compare) REQUEST_COMPARE=1; shift ;;
 	-h | --help) usage 0 ;;
 	*) echo "unknown option: $1" >&2; usage 2 ;;
 	esac
@@ -164,8 +178,16 @@ fi
 [[ $HOT_N =~ ^[0-9]+$ && $HOT_N -ge 1 ]] || die "--hot-n takes a positive number"
 if ((FILTERS_COMPARE)); then
 	[[ $STATS == on ]] || die "--filters-compare needs --stats on (the filters need the library preloaded)"
-	MAIN_CASES=(floor_new article plpgsql_new ext_new ext_new_nf floor_replay plpgsql_replay ext_replay ext_replay_nf)
 fi
+# the main cases with the extra ones of --filters-compare and
+# --request-compare, each after the case it is a variant of
+MAIN_CASES=(floor_new article plpgsql_new ext_new)
+((FILTERS_COMPARE)) && MAIN_CASES+=(ext_new_nf)
+MAIN_CASES+=(floor_replay)
+((REQUEST_COMPARE)) && MAIN_CASES+=(floor_replay_check)
+MAIN_CASES+=(plpgsql_replay ext_replay)
+((FILTERS_COMPARE)) && MAIN_CASES+=(ext_replay_nf)
+((REQUEST_COMPARE)) && MAIN_CASES+=(ext_replay_nocheck)
 if ((SPREAD_COMPARE)) && [[ $SPREAD == "$WIDE_SPREAD" ]]; then
 	die "--spread-compare compares --spread with '$WIDE_SPREAD': give --spread another window"
 fi
@@ -414,7 +436,7 @@ run_case() {
 			note="$note +$added completed rows = transactions;"
 		fi
 		;;
-	*_replay | *_replay_nf)
+	*_replay*)
 		[[ $check == ok ]] && note="$note every outcome replay;"
 		;;
 	ext_hot_key)
@@ -514,7 +536,7 @@ run_rounds() {
 		for ((k = 0; k < n; k++)); do
 			if [[ $order == forward ]]; then i=$k; else i=$((n - 1 - k)); fi
 			read -r c case <<<"${seq[i]}"
-			if [[ $case == *_replay || $case == *_replay_nf ]]; then
+			if [[ $case == *_replay* ]]; then
 				run_case "$case" "$c" main "$REPLAY_RECORDS" "$r" -D rp=r -D "nrep=$REPLAY_RECORDS"
 			else
 				run_case "$case" "$c" main "" "$r"
@@ -676,7 +698,7 @@ function lo_of(s,   v, n, i, x) { n = split(s, v, " "); x = v[1]; for (i = 2; i 
 function hi_of(s,   v, n, i, x) { n = split(s, v, " "); x = v[1]; for (i = 2; i <= n; i++) if (v[i] + 0 > x + 0) x = v[i]; return x }
 function floor_of(c) {
 	if (c == "ext_new" || c == "ext_new_nf" || c == "plpgsql_new" || c == "article" || c == "floor_new") return "floor_new"
-	if (c == "ext_replay" || c == "ext_replay_nf" || c == "plpgsql_replay" || c == "floor_replay") return "floor_replay"
+	if (c ~ /^(ext|plpgsql|floor)_replay/) return "floor_replay"
 	return ""
 }
 # ratios(SP, NUM, DEN, C): TPS of NUM / TPS of DEN in each round (spread SP, C clients)
@@ -760,6 +782,10 @@ report() {
 	fi
 	if ((FILTERS_COMPARE)); then
 		echo "- --filters-compare: ext_new_nf and ext_replay_nf are ext_new and ext_replay with idempotency.use_filters = off, in the same rounds"
+	fi
+	if ((REQUEST_COMPARE)); then
+		echo "- --request-compare: floor_replay_check is floor_replay that receives the request, hashes it and compares it with the stored hash;" \
+			"ext_replay_nocheck is ext_replay with request NULL (no payload check); in the same rounds"
 	fi
 	if ((QUICK)); then
 		echo "- --quick: ext_hot_key, the scale section (its $BIG_RECORDS-record load) and the memory loop were skipped"
@@ -862,6 +888,30 @@ report() {
 	elif ((!SPREAD_COMPARE)); then
 		echo
 		echo "The within-10 % targets compare $WIDE_SPREAD with the default spread: \`--spread-compare\` runs both."
+	fi
+	if ((REQUEST_COMPARE)); then
+		echo
+		echo "## The request check (--request-compare; not targets)"
+		echo
+		awk -F'\t' -v spreads="$(IFS='|'; echo "${SPREADS[*]}")" -v clients="${CLIENT_COUNTS[*]}" "$AWK_LIB"'
+			END {
+				ns = split(spreads, sps, "|"); nc = split(clients, cl, " ")
+				nt = split("ext_replay floor_replay_check the extension against a hand-written replay that checks the request too|" \
+					"ext_replay_nocheck floor_replay both without the check|" \
+					"floor_replay_check floor_replay what the check costs the hand-written replay|" \
+					"ext_replay ext_replay_nocheck what the check costs the extension", tg, "|")
+				print "| ratio | what it shows | spread | clients | median of the rounds (min–max) |"
+				print "|---|---|---|---:|---|"
+				for (t = 1; t <= nt; t++) {
+					split(tg[t], f, " "); what = tg[t]; sub(/^[^ ]+ [^ ]+ /, "", what)
+					for (s = 1; s <= ns; s++)
+						for (j = 1; j <= nc; j++)
+							printf "| %s / %s | %s | %s | %s | %s |\n", f[1], f[2], what, sps[s], cl[j], rstat(ratios(sps[s], f[1], f[2], cl[j]))
+				}
+			}' "$RESULTS"
+		echo
+		echo "TPS ratios within each round, as above.  The contract hashes every request (SHA-256 of its canonical JSON) to answer" \
+			"mismatch; floor_replay neither receives nor checks one."
 	fi
 	echo
 	echo "## Scale (8 clients; live records in idempotency.records when the case starts)"
