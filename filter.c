@@ -154,7 +154,16 @@ typedef struct IdemFilterShared
 	Size		stride;			/* bytes from one bit array to the next */
 	IdemFilterSlot *slots;		/* nslots headers */
 	char	   *bits;			/* nslots bit arrays of nblocks blocks */
+	pg_atomic_flag launched;	/* set: no backend starts a build */
 } IdemFilterShared;
+
+/*
+ * When the postmaster last made the filters' shared memory anew after a
+ * crash (0: never).  Postmaster memory, which outlives a crash.
+ */
+#define FILTER_REBUILD_QUIET_MS	(5 * 60 * 1000)
+static TimestampTz idem_filter_reinit_at = 0;
+static bool idem_filter_made = false;
 
 /* GUC variables */
 static int	idem_filters = 16;
@@ -288,6 +297,7 @@ idem_filter_shmem_startup(void)
 		idem_filter_shared->nblocks =
 			(uint32) ((Size) idem_filter_size * 1024 / FILTER_BLOCK_BYTES);
 		idem_filter_shared->stride = idem_filter_stride();
+
 		p += MAXALIGN(sizeof(IdemFilterShared));
 		idem_filter_shared->slots = (IdemFilterSlot *) p;
 		p += MAXALIGN(mul_size(idem_filters, sizeof(IdemFilterSlot)));
@@ -302,6 +312,25 @@ idem_filter_shmem_startup(void)
 			slot->db = InvalidOid;
 			slot->relid = InvalidOid;
 		}
+
+		/*
+		 * At server start the launcher registered then builds (worker.c),
+		 * so no backend needs to.  After a crash the postmaster has
+		 * forgotten it: the first backend to look a key up starts one
+		 * (idem_filter_usable), unless the crash before this one was less
+		 * than five minutes ago, in case a build is what crashes: then the
+		 * filters wait for maintenance.
+		 */
+		pg_atomic_init_flag(&idem_filter_shared->launched);
+		if (!idem_filter_made ||
+			(idem_filter_reinit_at != 0 &&
+			 !TimestampDifferenceExceeds(idem_filter_reinit_at,
+										 GetCurrentTimestamp(),
+										 FILTER_REBUILD_QUIET_MS)))
+			(void) pg_atomic_test_set_flag(&idem_filter_shared->launched);
+		if (idem_filter_made)
+			idem_filter_reinit_at = GetCurrentTimestamp();
+		idem_filter_made = true;
 	}
 	LWLockRelease(AddinShmemInitLock);
 }
@@ -543,12 +572,33 @@ idem_filter_check(Oid relid, uint64 hash, int *hint)
  * idempotency.use_filters off, not during recovery (nothing built before
  * promotion is trusted, nothing is built on a standby), and not under
  * SERIALIZABLE, whose predicate locks come from the index scans.
+ *
+ * After a crash, the first call to get this far starts the build of every
+ * database's filters (worker.c; idem_filter_shmem_startup says when): the
+ * launcher registered at server start does not outlive a crash.  One read
+ * of a flag otherwise.
  */
 bool
 idem_filter_usable(void)
 {
-	return idem_filter_shared != NULL && idem_use_filters &&
-		!IsolationIsSerializable() && !RecoveryInProgress();
+	if (idem_filter_shared == NULL || !idem_use_filters ||
+		IsolationIsSerializable() || RecoveryInProgress())
+		return false;
+	if (unlikely(pg_atomic_unlocked_test_flag(&idem_filter_shared->launched)))
+		idem_worker_launch();
+	return true;
+}
+
+/*
+ * Take on the build of every database's filters after a crash: true for
+ * the one backend that gets there first (idem_filter_usable), false for
+ * all others and whenever idem_filter_shmem_startup left it to others.
+ */
+bool
+idem_filter_claim_launch(void)
+{
+	return idem_filter_shared != NULL &&
+		pg_atomic_test_set_flag(&idem_filter_shared->launched);
 }
 
 /*

@@ -133,9 +133,11 @@ typedef enum IdemFilterAnswer
 extern IdemFilterAnswer idem_filter_check(Oid relid, uint64 hash, int *hint);
 extern void idem_filter_prefetch(Oid relid, uint64 hash, int *hint);
 extern void idem_filter_note(Oid relid, uint64 hash);
+extern bool idem_filter_claim_launch(void);
 
-/* worker.c: the filters built when the server starts (preloaded only) */
+/* worker.c: filters built at server start and after a crash (preloaded) */
 extern void idem_worker_init(bool launch);
+extern void idem_worker_launch(void);
 
 /* Largest key and scope, in bytes (idempotency.c checks, filter.c relies on it) */
 #define IDEM_MAX_KEY_BYTES		255

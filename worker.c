@@ -5,18 +5,24 @@
  *		when the server starts, so that new keys do not descend every live
  *		partition's index until the next maintenance run.
  *
- * Shared memory starts empty at every server start, and a standby builds
- * nothing before it is promoted.  When the library is preloaded with
- * filters, a launcher is registered that starts once the server accepts
- * writes: at startup, or at the promotion of a standby.  Not bound to a
- * database, it lists the databases that allow connections (templates
- * aside) from the shared catalog pg_database, and starts for each, one
- * after the other, a worker that connects to it and, where the extension
- * is installed at a version that has it, calls the extension's own
- * build_filters('1s') as the bootstrap superuser (who may build as the
- * owner can).  Both exit when done: after a crash the filters come back
- * with the next maintenance run, as before.  SIGTERM (a fast shutdown)
- * ends them at the next interrupt check.
+ * Shared memory starts empty at every server start and after a crash,
+ * and a standby builds nothing before it is promoted.  When the library is
+ * preloaded with filters, a launcher is registered that starts once the
+ * server accepts writes: at startup, or at the promotion of a standby.
+ * Not bound to a database, it lists the databases that allow connections
+ * (templates aside) from the shared catalog pg_database, and starts for
+ * each, one after the other, a worker that connects to it and, where the
+ * extension is installed at a version that has it, calls the extension's
+ * own build_filters('1s') as the bootstrap superuser (who may build as the
+ * owner can).  Both exit when done, and are not restarted.  SIGTERM (a
+ * fast shutdown) ends them at the next interrupt check.
+ *
+ * The postmaster forgets such a launcher at a crash, and makes shared
+ * memory anew.  Then the first backend that asks whether it may use the
+ * filters registers the same launcher as a dynamic worker: a flag in the
+ * filters' shared memory, clear only after a crash, lets one backend do so
+ * (filter.c; not after two crashes within five minutes, in case a build is
+ * what crashes).
  *
  * idempotency.build_filters_at_start = off leaves the launcher with nothing
  * to do.
@@ -30,6 +36,7 @@
 
 #include "access/heapam.h"
 #include "access/htup_details.h"
+#include "access/parallel.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
@@ -73,7 +80,8 @@ typedef struct IdemWorkerDatabase
 /*
  * What the launcher and the builders have in common: they attach to shared
  * memory, may connect to a database, start once the server accepts writes
- * and are not started again after a crash.
+ * and are never restarted by the postmaster (after a crash, see the file
+ * header).
  */
 static void
 idem_worker_fill(BackgroundWorker *worker, const char *function,
@@ -102,7 +110,7 @@ idem_worker_init(bool launch)
 	BackgroundWorker worker;
 
 	DefineCustomBoolVariable("idempotency.build_filters_at_start",
-							 "Builds the known-absent filters of every database with the extension when the server starts or a standby is promoted.",
+							 "Builds the known-absent filters of every database with the extension when the server starts, a standby is promoted, or the first call after a crash asks.",
 							 "Off, they are built by the next maintenance run or idempotency.build_filters().",
 							 &idem_build_filters_at_start,
 							 true,
@@ -161,8 +169,37 @@ idem_worker_databases(void)
 }
 
 /*
+ * After a crash, start the launcher from this backend, if it is the first
+ * to get here (idem_filter_usable calls this until one has).  Not from a
+ * parallel worker, in single-user mode, or under pg_upgrade.  Without a
+ * free worker slot the filters are left to maintenance.
+ */
+void
+idem_worker_launch(void)
+{
+	BackgroundWorker worker;
+
+	if (IsBinaryUpgrade || IsParallelWorker() || !IsUnderPostmaster)
+		return;
+	if (!idem_filter_claim_launch())
+		return;
+	/* claimed: with the setting off, nobody builds until a restart */
+	if (!idem_build_filters_at_start)
+		return;
+
+	idem_worker_fill(&worker, "idem_filter_launcher_main",
+					 "idempotency filter launcher");
+	if (!RegisterDynamicBackgroundWorker(&worker, NULL))
+		ereport(LOG,
+				(errmsg("idempotency could not start a worker to build the filters"),
+				 errdetail("No background worker slot is free."),
+				 errhint("Raise max_worker_processes, or build them with idempotency.build_filters().")));
+}
+
+/*
  * The launcher: one builder per database, one at a time, so that the
- * builds take one background worker slot and one CPU at most.
+ * builds take one background worker slot and one CPU at most.  Registered
+ * at server start, or by a backend after a crash.
  */
 void
 idem_filter_launcher_main(Datum main_arg)

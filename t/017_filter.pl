@@ -7,8 +7,9 @@
 # whose filters are built, maintenance moving rows out of DEFAULT, and a
 # restart.  Each checks that idem_acquire never answers "acquired" for a
 # key that is present.  Then the workers that build the filters by
-# themselves when a server starts or a standby is promoted
-# (idempotency.build_filters_at_start, off until then).
+# themselves when a server starts, a standby is promoted, or the first
+# call after a crash asks (idempotency.build_filters_at_start, off until
+# then).
 
 use strict;
 use warnings;
@@ -228,5 +229,65 @@ foreach my $i (1 .. 3)
 		"far-$i found on the promoted standby");
 }
 $standby2->stop;
+
+# A crash makes shared memory anew, and the postmaster forgets the
+# launcher: the first call that may use the filters starts it again.
+$pub->safe_psql('postgres', q{
+ALTER SYSTEM SET restart_after_crash = on;
+SELECT pg_reload_conf();
+});
+my $crashed = -s $pub->logfile;
+my $checkpointer = $pub->safe_psql('postgres',
+	"SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'");
+is(kill('KILL', $checkpointer), 1, 'the checkpointer is killed');
+ok( defined $pub->wait_for_log(
+		qr/all server processes terminated; reinitializing/, $crashed),
+	'the server restarts after the crash');
+$pub->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()')
+  or die 'the server did not come back after the crash';
+is(ready_filters($pub, 'postgres'), '0', 'no filter after a crash');
+my $rebuilt = -s $pub->logfile;
+isnt(outcome($pub, 'postgres', 'far-1'), 'acquired',
+	'far-1 found after a crash, before any filter is built');
+ok( defined $pub->wait_for_log(
+		qr/idempotency built \d+ known-absent filters in database "postgres"/,
+		$rebuilt),
+	'the first call after a crash has the filters built again');
+cmp_ok(ready_filters($pub, 'postgres'), '>', 0, 'filters built after a crash');
+foreach my $i (2 .. 3)
+{
+	isnt(outcome($pub, 'postgres', "far-$i"), 'acquired',
+		"far-$i found with the filters built after a crash");
+}
+ok( $pub->poll_query_until('postgres', q{
+SELECT count(*) = 0 FROM pg_stat_activity
+ WHERE backend_type LIKE 'idempotency filter%'}),
+	'the workers started after the crash are done');
+my @builds = (substr(slurp_file($pub->logfile), $rebuilt) =~
+	  /idempotency built \d+ known-absent filters in database "postgres"/g);
+is(scalar(@builds), 1, 'one build after the crash, however many calls');
+
+# A second crash within five minutes of the first: no build is started, in
+# case a build is what crashes; maintenance builds them.
+$crashed = -s $pub->logfile;
+$checkpointer = $pub->safe_psql('postgres',
+	"SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'");
+is(kill('KILL', $checkpointer), 1, 'the checkpointer is killed again');
+ok( defined $pub->wait_for_log(
+		qr/all server processes terminated; reinitializing/, $crashed),
+	'the server restarts after the second crash');
+$pub->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()')
+  or die 'the server did not come back after the second crash';
+foreach my $i (1 .. 3)
+{
+	isnt(outcome($pub, 'postgres', "far-$i"), 'acquired',
+		"far-$i found after a second crash, without filters");
+}
+# time for a build that the calls above started to log its line
+sleep(2);
+unlike(substr(slurp_file($pub->logfile), $crashed),
+	qr/idempotency built \d+ known-absent filters/,
+	'no build started after a second crash within five minutes');
+is(ready_filters($pub, 'postgres'), '0', 'no filter after a second crash');
 
 done_testing();
