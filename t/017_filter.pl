@@ -236,15 +236,25 @@ $pub->safe_psql('postgres', q{
 ALTER SYSTEM SET restart_after_crash = on;
 SELECT pg_reload_conf();
 });
-my $crashed = -s $pub->logfile;
-my $checkpointer = $pub->safe_psql('postgres',
-	"SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'");
-is(kill('KILL', $checkpointer), 1, 'the checkpointer is killed');
-ok( defined $pub->wait_for_log(
-		qr/all server processes terminated; reinitializing/, $crashed),
-	'the server restarts after the crash');
-$pub->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()')
-  or die 'the server did not come back after the crash';
+
+# crash $node (its checkpointer killed), wait until it accepts writes
+# again; the log's length before the crash
+sub crash
+{
+	my ($node, $which) = @_;
+	my $offset = -s $node->logfile;
+	my $pid = $node->safe_psql('postgres',
+		"SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'");
+	is(kill('KILL', $pid), 1, "the checkpointer is killed ($which crash)");
+	ok( defined $node->wait_for_log(
+			qr/all server processes terminated; reinitializing/, $offset),
+		"the server restarts after the $which crash");
+	$node->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()')
+	  or die "the server did not come back after the $which crash";
+	return $offset;
+}
+
+crash($pub, 'first');
 is(ready_filters($pub, 'postgres'), '0', 'no filter after a crash');
 my $rebuilt = -s $pub->logfile;
 isnt(outcome($pub, 'postgres', 'far-1'), 'acquired',
@@ -269,15 +279,7 @@ is(scalar(@builds), 1, 'one build after the crash, however many calls');
 
 # A second crash within five minutes of the first: no build is started, in
 # case a build is what crashes; maintenance builds them.
-$crashed = -s $pub->logfile;
-$checkpointer = $pub->safe_psql('postgres',
-	"SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'");
-is(kill('KILL', $checkpointer), 1, 'the checkpointer is killed again');
-ok( defined $pub->wait_for_log(
-		qr/all server processes terminated; reinitializing/, $crashed),
-	'the server restarts after the second crash');
-$pub->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()')
-  or die 'the server did not come back after the second crash';
+my $crashed = crash($pub, 'second');
 foreach my $i (1 .. 3)
 {
 	isnt(outcome($pub, 'postgres', "far-$i"), 'acquired',
