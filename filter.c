@@ -158,8 +158,9 @@ typedef struct IdemFilterShared
 } IdemFilterShared;
 
 /*
- * When the postmaster last made the filters' shared memory anew after a
- * crash (0: never).  Postmaster memory, which outlives a crash.
+ * In the postmaster's own memory, which outlives a crash: whether the
+ * filters' shared memory has been made before (so that making it again is
+ * a crash's reinitialization), and when it was last made again (0: never).
  */
 #define FILTER_REBUILD_QUIET_MS	(5 * 60 * 1000)
 static TimestampTz idem_filter_reinit_at = 0;
@@ -297,7 +298,6 @@ idem_filter_shmem_startup(void)
 		idem_filter_shared->nblocks =
 			(uint32) ((Size) idem_filter_size * 1024 / FILTER_BLOCK_BYTES);
 		idem_filter_shared->stride = idem_filter_stride();
-
 		p += MAXALIGN(sizeof(IdemFilterShared));
 		idem_filter_shared->slots = (IdemFilterSlot *) p;
 		p += MAXALIGN(mul_size(idem_filters, sizeof(IdemFilterSlot)));
