@@ -291,6 +291,7 @@ idem_filter_shmem_startup(void)
 	{
 		char	   *p = (char *) idem_filter_shared;
 		int			i;
+		TimestampTz now;
 
 		idem_filter_shared->lock =
 			&(GetNamedLWLockTranche("idempotency filters"))->lock;
@@ -321,15 +322,15 @@ idem_filter_shmem_startup(void)
 		 * than five minutes ago, in case a build is what crashes: then the
 		 * filters wait for maintenance.
 		 */
+		now = GetCurrentTimestamp();
 		pg_atomic_init_flag(&idem_filter_shared->launched);
 		if (!idem_filter_made ||
 			(idem_filter_reinit_at != 0 &&
-			 !TimestampDifferenceExceeds(idem_filter_reinit_at,
-										 GetCurrentTimestamp(),
+			 !TimestampDifferenceExceeds(idem_filter_reinit_at, now,
 										 FILTER_REBUILD_QUIET_MS)))
 			(void) pg_atomic_test_set_flag(&idem_filter_shared->launched);
 		if (idem_filter_made)
-			idem_filter_reinit_at = GetCurrentTimestamp();
+			idem_filter_reinit_at = now;
 		idem_filter_made = true;
 	}
 	LWLockRelease(AddinShmemInitLock);
