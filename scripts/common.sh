@@ -52,6 +52,10 @@ IDEM_SERVER_LOG=
 log() { printf '==> %s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
+# The header of scripts/test.sh's closing list of what failed (each line
+# prefixed [pgN]), which scripts/matrix.sh reads back from each major's run
+WHAT_FAILED='======== what failed ========'
+
 # run_step DESCRIPTION COMMAND...: run a noisy command, straight through, or
 # (IDEM_QUIET=1) into a file that is printed only if the command fails.
 run_step() {

@@ -26,13 +26,19 @@
 # they are unmounted on exit whatever happens, and a root is never removed
 # while anything is mounted below it.
 #
-#   bash scripts/matrix.sh [--results FILE] [MAJOR...]   (as root, Debian 12)
+#   bash scripts/matrix.sh [--results FILE] [--failures FILE] [MAJOR...]
+#                                                        (as root, Debian 12)
 #
 # IDEM_MATRIX_MIRROR overrides the mirror (to try a mirror that fails, say).
 #
 # --results FILE: append one line per major, "MAJOR PASSED FAILED SKIPPED
 # SECONDS NOTE...", for scripts/test.sh's summary.  Exits 1 if a test failed
 # (or a build had warnings), else 0.
+#
+# --failures FILE: append each major's list of what failed (its test.sh's
+# closing "what failed" lines, or the last lines of a suite that did not
+# finish), for scripts/test.sh to print at the very end.  Without it this
+# script prints the list itself, after its summary.
 #
 # Sourced (bench/run.sh --pg does), it only defines its functions and runs
 # nothing: mx_init, then mx_enter MAJOR, which locks, makes or refreshes and
@@ -55,6 +61,7 @@ MATRIX_MAJORS=(17 18)
 
 # --results FILE of the command line (mx_result).
 results_file=
+failures_file=
 
 # Mount points made by this script, in the order they were made.
 MX_MOUNTS=()
@@ -416,6 +423,17 @@ mx_run_major() {
 		failed=1
 		note="the suite exited $rc"
 	fi
+	# what failed, from the suite's own closing list (already prefixed), or
+	# the last lines of a suite that never got to it
+	if grep -qxF "$WHAT_FAILED" "$out"; then
+		sed -n "/^$WHAT_FAILED\$/,/^======== by PostgreSQL major ========\$/p" "$out" |
+			sed -e '1d' -e '$d' -e '/^$/d' >>"$MX_FAILURES"
+	elif [[ -n $note ]]; then
+		{
+			echo "[pg$major] $note; its last lines:"
+			tail -n 10 "$out" | sed "s/^/[pg$major] /"
+		} >>"$MX_FAILURES"
+	fi
 	warnings=$(sed -nE 's/^==> compiler warnings: ([0-9]+)$/\1/p' "$out" | head -n 1)
 	if [[ -n $warnings ]] && ((warnings > 0)); then
 		failed=$((failed + 1))
@@ -437,6 +455,10 @@ while (($# > 0)); do
 			results_file=$2
 			shift 2
 			;;
+		--failures)
+			failures_file=$2
+			shift 2
+			;;
 		-h | --help)
 			sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
 			exit 0
@@ -452,6 +474,7 @@ fi
 ((EUID == 0)) || die "scripts/matrix.sh needs root (debootstrap, chroot, mount)"
 mx_init
 MX_SUMMARY=$MX_TMP/summary
+MX_FAILURES=${failures_file:-$MX_TMP/failures}
 : >"$MX_SUMMARY"
 status=0
 for major in "${MATRIX_MAJORS[@]}"; do
@@ -462,6 +485,11 @@ done
 echo
 echo "======== matrix summary ========"
 cat "$MX_SUMMARY"
+if [[ -z $failures_file && -s $MX_FAILURES ]]; then
+	echo
+	echo "$WHAT_FAILED"
+	cat "$MX_FAILURES"
+fi
 if [[ -z $results_file ]]; then
 	awk '{ p += $3; f += $5; s += $7 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' \
 		"$MX_SUMMARY"

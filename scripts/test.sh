@@ -30,6 +30,29 @@ rm -rf results output_iso regression.diffs regression.out
 # first failing command).
 status=0
 summary=$IDEM_TMPDIR/summary.txt  # removed with the cluster
+# What failed, in a few lines per suite, printed again at the very end (after
+# the other majors' output), where a log cut to its tail still shows it.
+failures=''
+# note_failures NAME OUT: the lines of a failed suite's OUT that say what
+# failed (pg_regress's FAILED or "not ok" lines, prove's failed tests, the
+# line a test died at and its summary report), at most 40, each prefixed
+# with the major and NAME
+note_failures() {
+	local name="[pg$IDEM_PG_MAJOR] $1" out=$2 lines
+	lines=$(awk -v name="$name" '
+		/^t\/[0-9]+_[A-Za-z0-9_]+\.pl \.\.+/ { file = $1 " " }
+		/^Test Summary Report/ { report = 1 }
+		/^Files=[0-9]+, Tests=/ { report = 0; file = "" }
+		/^-+$/ { next }
+		report || /^not ok|^# +Failed test|^# +Looks like| at t\/[^ ]+\.pl line [0-9]+|timed out|Bail|BAIL|\.\.\. FAILED/ {
+			if (!report && $0 !~ /^t\//)
+				$0 = file $0
+			print name ": " $0
+		}' "$out" | head -n 40 || true)
+	if [[ -n $lines ]]; then
+		failures+=$lines$'\n'
+	fi
+}
 run_suite() {
 	local name=$1 out rc=0
 	shift
@@ -38,6 +61,7 @@ run_suite() {
 	make --no-print-directory installcheck PG_CONFIG="$PG_CONFIG" "$@" 2>&1 | tee "$out" || rc=$?
 	if ((rc != 0)); then
 		status=1
+		note_failures "$name" "$out"
 	fi
 	# PostgreSQL's own summary: " All N tests passed. " / " M of N tests failed. "
 	if grep -Eq 'tests? (passed|failed)' "$out"; then
@@ -83,7 +107,7 @@ build_v10_library() {
 	fi
 }
 run_tap() {
-	local name="TAP (prove)" out rc=0 copy=$IDEM_TMPDIR/tap v10
+	local name="TAP (prove)" out rc=0 copy=$IDEM_TMPDIR/tap v10 f errs
 	log "$name"
 	mkdir -p "$copy"
 	cp -r "$REPO_ROOT/Makefile" "$REPO_ROOT/t" "$REPO_ROOT/monitoring" "$copy/"
@@ -96,6 +120,16 @@ run_tap() {
 		PROVE_FLAGS=--verbose) 2>&1 | tee "$out" || rc=$?
 	if ((rc != 0)); then
 		status=1
+		note_failures "$name" "$out"
+		# a test's own errors (a die, a failed safe_psql) are in its log only
+		for f in $(sed -nE 's/^t\/([0-9]+_[A-Za-z0-9_]+)\.pl +\(Wstat.*/\1/p' "$out" | head -n 5); do
+			[[ -f $copy/tmp_check/log/regress_log_$f ]] || continue
+			errs=$(grep -E 'error running SQL|ERROR: | at t/[^ ]+\.pl line [0-9]+|timed out|Failed test|BAIL' \
+				"$copy/tmp_check/log/regress_log_$f" | tail -n 8 || true)
+			if [[ -n $errs ]]; then
+				failures+=$(sed "s/^/[pg$IDEM_PG_MAJOR] $name: regress_log_$f: /" <<<"$errs")$'\n'
+			fi
+		done
 		for f in "$copy"/tmp_check/log/*; do
 			[[ -f $f ]] || continue
 			echo "======== $(basename "$f") (last 60 lines) ========"
@@ -128,6 +162,7 @@ run_example() {
 	bash "$REPO_ROOT/examples/run_tests.sh" "$which" 2>&1 | tee "$out" || rc=$?
 	if ((rc != 0)); then
 		status=1
+		note_failures "$name" "$out"
 	fi
 	# Its closing line: "<name>: N of M tests passed." (a failure before
 	# the requests says 0 of 1).
@@ -175,7 +210,12 @@ skipped=0
 bymajor="PostgreSQL $IDEM_PG_MAJOR: $passed passed, $failed failed, 0 skipped in ${SECONDS}s"
 if [[ $IDEM_PG_MAJOR == 15 && ${IDEM_MATRIX:-1} != 0 ]]; then
 	matrix_results=$(mktemp "${TMPDIR:-/tmp}/idempotency-matrix-results.XXXXXX")
-	bash "$REPO_ROOT/scripts/matrix.sh" --results "$matrix_results" || status=1
+	matrix_failures=$(mktemp "${TMPDIR:-/tmp}/idempotency-matrix-failures.XXXXXX")
+	bash "$REPO_ROOT/scripts/matrix.sh" --results "$matrix_results" --failures "$matrix_failures" || status=1
+	if [[ -s $matrix_failures ]]; then
+		failures+=$(cat "$matrix_failures")$'\n'
+	fi
+	rm -f "$matrix_failures"
 	while read -r m p f s secs note; do
 		passed=$((passed + p))
 		failed=$((failed + f))
@@ -183,6 +223,11 @@ if [[ $IDEM_PG_MAJOR == 15 && ${IDEM_MATRIX:-1} != 0 ]]; then
 		bymajor+=$'\n'"PostgreSQL $m: $p passed, $f failed, $s skipped in ${secs}s${note:+ ($note)}"
 	done <"$matrix_results"
 	rm -f "$matrix_results"
+fi
+if [[ -n $failures ]]; then
+	echo
+	echo "$WHAT_FAILED"
+	printf '%s\n' "${failures%$'\n'}"
 fi
 echo
 echo "======== by PostgreSQL major ========"
