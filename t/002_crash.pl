@@ -145,8 +145,7 @@ SELECT pid FROM pg_stat_activity
 		usleep(50_000)
 		  until $node->log_contains(qr/all server processes terminated; reinitializing/, $log_offset)
 		  || time > $deadline;
-		ok( $node->poll_query_until(
-				'postgres', 'SELECT NOT pg_is_in_recovery()', 't'),
+		ok(poll_query_back($node, 'postgres', 'SELECT NOT pg_is_in_recovery()', 't'),
 			"round $round: the server is back after the crash of backend $pid");
 		# "server process (PID n)" up to 17, "client backend (PID n)" from 18
 		ok($node->log_contains(qr/ \(PID $pid\) was terminated by signal 9/),

@@ -61,18 +61,26 @@ SELECT a.outcome || '|' || a.attempt || '|' || COALESCE(a.claim::text, '') || '|
 }
 
 # acquire KEY over and over (each in a new connection, failures such as a
-# server still in recovery ignored) until acquired; return the answer and the
-# milliseconds since t0
+# server still in recovery ignored, and psql's broken pipe when it exits at
+# once on a refused connection: see poll_query_back) until acquired; return
+# the answer and the milliseconds since t0
 sub acquire_after_death
 {
 	my ($key, $t0) = @_;
 	while (now_ms() - $t0 < 60_000)
 	{
-		my ($ret, $out) = $node->psql(
-			'postgres', qq{
+		my ($ret, $out) = eval {
+			$node->psql(
+				'postgres', qq{
 SET idempotency.wait_timeout = 0;
 SELECT a.outcome || '|' || a.attempt || '|' || COALESCE(a.claim::text, '') || '|' || COALESCE(a.retry_after::text, '')
   FROM idempotency.idem_acquire('$key', '{"n": 1}', lease => '1 hour') a});
+		};
+		if (!defined $ret)
+		{
+			die $@ unless $@ =~ /Broken pipe/;
+			$ret = -1;
+		}
 		if ($ret == 0 && $out =~ /^acquired/)
 		{
 			return ($out, now_ms() - $t0);

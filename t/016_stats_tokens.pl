@@ -155,7 +155,7 @@ my $victim = $node->background_psql('postgres');
 my $pid = $victim->query_safe(q{SELECT pg_backend_pid() FROM idempotency.idem_acquire('victim')});
 kill 'KILL', $pid;
 eval { $victim->quit };
-$node->poll_query_until('postgres', 'SELECT true') or die 'no restart after the crash';
+poll_query_back($node, 'postgres', 'SELECT true') or die 'no restart after the crash';
 my ($after_acq, $after_reset) = split /\|/, $node->safe_psql('postgres',
 	q{SELECT coalesce(sum(acquired), 0) || '|' || coalesce(bool_and(stats_reset > now() - interval '1 minute'), true)
 	    FROM idempotency.stats WHERE datname = 'postgres'});

@@ -14,6 +14,9 @@
 use strict;
 use warnings;
 
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use IdemTest;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -249,7 +252,7 @@ sub crash
 	ok( defined $node->wait_for_log(
 			qr/all server processes terminated; reinitializing/, $offset),
 		"the server restarts after the $which crash");
-	$node->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()')
+	poll_query_back($node, 'postgres', 'SELECT NOT pg_is_in_recovery()')
 	  or die "the server did not come back after the $which crash";
 	return $offset;
 }

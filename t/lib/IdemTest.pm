@@ -2,7 +2,8 @@
 #
 # Helpers shared by the TAP tests t/002_*.pl onwards: a throwaway cluster on
 # 127.0.0.1 set up as scripts/common.sh does it (pg_cron preloaded), the
-# SQLSTATE of a failed psql call, and a millisecond clock.
+# SQLSTATE of a failed psql call, polling a server that is coming back from
+# a crash, and a millisecond clock.
 
 package IdemTest;
 
@@ -14,7 +15,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Time::HiRes ();
 
-our @EXPORT = qw(idem_node sqlstate_of_psql now_ms);
+our @EXPORT = qw(idem_node sqlstate_of_psql poll_query_back now_ms);
 
 # idem_node(NAME, EXTRA_CONF): a started node on 127.0.0.1 with pg_cron
 # preloaded and the extension created in database postgres.
@@ -54,6 +55,25 @@ sub sqlstate_of_psql
 		return ($1, $out, $err);
 	}
 	return ($ret == 0 ? 'ok' : "psql exit $ret", $out, $err);
+}
+
+# poll_query_back(NODE, DB, QUERY[, EXPECTED]): poll_query_until for a
+# server that may still be restarting after a crash.  psql then exits as soon
+# as its connection is refused, at times before IPC::Run has written the
+# query to its standard input, and IPC::Run dies of the broken pipe: that is
+# one more attempt that failed, not the end of the test.
+sub poll_query_back
+{
+	my ($node, $db, $query, $expected) = @_;
+	my $deadline = time + 10 * $PostgreSQL::Test::Utils::timeout_default;
+	while (time < $deadline)
+	{
+		my $back = eval { $node->poll_query_until($db, $query, $expected) };
+		return $back if defined $back;
+		die $@ unless $@ =~ /Broken pipe/;
+		Time::HiRes::usleep(100_000);
+	}
+	return 0;
 }
 
 sub now_ms
