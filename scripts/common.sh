@@ -152,6 +152,31 @@ build_install() {
 	run_step "make install (proxy/)" make -C "$REPO_ROOT/proxy" PG_CONFIG="$PG_CONFIG" install
 }
 
+# use_private_pg: from here on build, install and run against a private
+# copy of the host's PostgreSQL (its binaries, libraries and extension
+# files, about 50 MB) in a temporary folder removed on exit, so that
+# `make install` never writes into the host's installation and two runs at
+# once (two work trees, say) never load each other's library.  PostgreSQL
+# finds its files relative to its binaries, so the copy's pg_config answers
+# paths inside the copy; the headers are the host's, through a link.
+IDEM_PG_PREFIX=
+use_private_pg() {
+	local prefix
+	prefix=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-pg.XXXXXX")
+	IDEM_PG_PREFIX=$prefix
+	trap _idem_on_exit EXIT
+	chmod 755 "$prefix"
+	mkdir -p "$prefix/lib/postgresql" "$prefix/share/postgresql" "$prefix/include"
+	cp -a "/usr/lib/postgresql/$IDEM_PG_MAJOR" "$prefix/lib/postgresql/"
+	cp -a "/usr/share/postgresql/$IDEM_PG_MAJOR" "$prefix/share/postgresql/"
+	ln -s /usr/include/postgresql "$prefix/include/postgresql"
+	PG_BINDIR=$prefix/lib/postgresql/$IDEM_PG_MAJOR/bin
+	PG_CONFIG=$PG_BINDIR/pg_config
+	[[ $("$PG_CONFIG" --pkglibdir) == "$prefix"/* ]] ||
+		die "the private copy's pg_config does not answer paths inside $prefix"
+	log "private PostgreSQL $IDEM_PG_MAJOR in $prefix"
+}
+
 # _idem_port_in_use PORT: true if a TCP socket of this machine uses PORT.
 _idem_port_in_use() {
 	local port=$1
@@ -288,5 +313,8 @@ _idem_on_exit() {
 	trap - EXIT
 	trap '' INT TERM HUP
 	stop_cluster "$status" || true
+	if [[ -n $IDEM_PG_PREFIX && -d $IDEM_PG_PREFIX ]]; then
+		rm -rf "$IDEM_PG_PREFIX"
+	fi
 	exit "$status"
 }

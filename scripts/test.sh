@@ -19,6 +19,11 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 install_deps
+# On the host, into a private copy of its PostgreSQL (common.sh); a matrix
+# root is private already.  IDEM_PRIVATE_PG=0 installs into the host's.
+if [[ $IDEM_PG_MAJOR == 15 && ${IDEM_PRIVATE_PG:-1} != 0 ]]; then
+	use_private_pg
+fi
 build_install
 start_cluster fast
 
