@@ -23,13 +23,17 @@
  *   could change the key); where it is not, it invalidates the slot.
  *
  * - A build (idem_build_filters) marks the slot BUILDING, waits for every
- *   transaction that held RowExclusiveLock on the partition before (as
+ *   transaction that held RowExclusiveLock on the partition then (as
  *   CREATE INDEX CONCURRENTLY does; later inserters see BUILDING and add
- *   their keys themselves; if they do not end in time the build gives up
- *   and frees the slot), then adds every tuple of the heap not dead to all
- *   and marks the slot READY.  It holds ShareUpdateExclusiveLock on the
- *   partition, which keeps the trigger from being disabled, dropped or
- *   joined by another trigger meanwhile.
+ *   their keys themselves), then adds every tuple of the heap not dead to
+ *   all and marks the slot READY.  Those it waits for are kept in the
+ *   slot's wait list: a build that cannot wait for them all in time leaves
+ *   the slot BUILDING with the ones still running, and a later build waits
+ *   for those only.  It holds ShareUpdateExclusiveLock on the partition,
+ *   which keeps the trigger from being disabled, dropped or joined by
+ *   another trigger meanwhile, and refuses a partition whose scope or key
+ *   is a generated column (computed after the BEFORE ROW triggers, so the
+ *   trigger would see NULL).
  *
  * - Anything that could let a key in without the trigger invalidates the
  *   slot, through object_access_hook: a trigger of the partition created
@@ -53,7 +57,14 @@
  * SERIALIZABLE (SSI needs the predicate locks of the index scans) nor
  * during recovery.
  *
- * The LWLock serializes slot assignment and state changes only.
+ * Slots are shared by every database of the server.  Each build gives back
+ * its own database's slots of partitions no longer live; a slot of another
+ * database's partition whose range has ended (no call looks in it any
+ * more), or of a database that is gone, is taken when no free one is left.
+ * A build that finds none says so once in the server log.
+ *
+ * The LWLock serializes slot assignment, state changes and what only
+ * builds read (IdemFilterBuildState, the wait lists).
  *
  * IDENTIFICATION
  *	  filter.c
@@ -72,6 +83,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/transam.h"
+#include "access/twophase.h"
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/indexing.h"
@@ -84,6 +96,7 @@
 #include "catalog/pg_language.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_trigger.h"
+#include "commands/dbcommands.h"
 #include "commands/trigger.h"
 #include "common/hashfn.h"
 #include "executor/spi.h"
@@ -140,6 +153,22 @@ typedef struct IdemFilterSlot
 } IdemFilterSlot;
 
 /*
+ * What only builds read of a slot, apart from the headers that every probe
+ * scans; under the lock.  until: the end of the partition's range (DT_NOEND
+ * for DEFAULT), after which no call looks in the slot and any database's
+ * build may take it.  nwaiting: how many of the transactions that were
+ * inserting into the partition when the slot became BUILDING may still be
+ * running, their ids in the slot's row of the wait array.  A build that
+ * cannot wait for all of them leaves the slot BUILDING with that list, and
+ * a later build goes on from it.
+ */
+typedef struct IdemFilterBuildState
+{
+	TimestampTz until;
+	int			nwaiting;
+} IdemFilterBuildState;
+
+/*
  * The slots' headers lie side by side, apart from their bit arrays: every
  * probe looks a partition's slot up by scanning the headers, which then
  * take a few cache lines of one page, not one page per slot.  Each bit
@@ -153,6 +182,12 @@ typedef struct IdemFilterShared
 	uint32		nblocks;		/* blocks per slot */
 	Size		stride;			/* bytes from one bit array to the next */
 	IdemFilterSlot *slots;		/* nslots headers */
+	IdemFilterBuildState *builds;	/* nslots, under the lock */
+	int			maxwaiting;		/* wait array entries per slot */
+	VirtualTransactionId *waiting;	/* nslots rows of maxwaiting, under the
+									 * lock */
+	Oid			starved_db;		/* its build lacked a slot and said so in
+								 * the log; under the lock */
 	char	   *bits;			/* nslots bit arrays of nblocks blocks */
 	pg_atomic_flag launched;	/* set: no backend starts a build */
 } IdemFilterShared;
@@ -252,6 +287,17 @@ idem_filter_stride(void)
 	return (Size) idem_filter_size * 1024 + FILTER_BLOCK_BYTES;
 }
 
+/*
+ * Entries of a slot's wait list: as many transactions as can hold a lock
+ * (GetLockConflicts), prepared ones included.  MaxBackends is known by the
+ * time shared memory is requested.
+ */
+static int
+idem_filter_maxwaiting(void)
+{
+	return MaxBackends + max_prepared_xacts;
+}
+
 static Size
 idem_filter_memsize(void)
 {
@@ -259,6 +305,11 @@ idem_filter_memsize(void)
 
 	size = add_size(size, MAXALIGN(mul_size(idem_filters,
 											sizeof(IdemFilterSlot))));
+	size = add_size(size, MAXALIGN(mul_size(idem_filters,
+											sizeof(IdemFilterBuildState))));
+	size = add_size(size, MAXALIGN(mul_size(mul_size(idem_filters,
+													 idem_filter_maxwaiting()),
+											sizeof(VirtualTransactionId))));
 	size = add_size(size, FILTER_BLOCK_BYTES);
 	return add_size(size, mul_size(idem_filters, idem_filter_stride()));
 }
@@ -302,6 +353,14 @@ idem_filter_shmem_startup(void)
 		p += MAXALIGN(sizeof(IdemFilterShared));
 		idem_filter_shared->slots = (IdemFilterSlot *) p;
 		p += MAXALIGN(mul_size(idem_filters, sizeof(IdemFilterSlot)));
+		idem_filter_shared->builds = (IdemFilterBuildState *) p;
+		p += MAXALIGN(mul_size(idem_filters, sizeof(IdemFilterBuildState)));
+		idem_filter_shared->maxwaiting = idem_filter_maxwaiting();
+		idem_filter_shared->waiting = (VirtualTransactionId *) p;
+		p += MAXALIGN(mul_size(mul_size(idem_filters,
+										idem_filter_shared->maxwaiting),
+							   sizeof(VirtualTransactionId)));
+		idem_filter_shared->starved_db = InvalidOid;
 		idem_filter_shared->bits = (char *) TYPEALIGN(FILTER_BLOCK_BYTES, p);
 		for (i = 0; i < idem_filters; i++)
 		{
@@ -312,6 +371,8 @@ idem_filter_shmem_startup(void)
 			pg_atomic_init_u32(&slot->filled, 0);
 			slot->db = InvalidOid;
 			slot->relid = InvalidOid;
+			idem_filter_shared->builds[i].until = DT_NOEND;
+			idem_filter_shared->builds[i].nwaiting = 0;
 		}
 
 		/*
@@ -639,6 +700,22 @@ idem_filter_free_slot(IdemFilterSlot *slot)
 }
 
 /*
+ * Free a slot and let go of its partition, so that any build may take it.
+ * Caller holds the lock exclusively.
+ */
+static void
+idem_filter_release_slot(IdemFilterSlot *slot)
+{
+	int			i = slot - idem_filter_shared->slots;
+
+	idem_filter_free_slot(slot);
+	slot->db = InvalidOid;
+	slot->relid = InvalidOid;
+	idem_filter_shared->builds[i].until = DT_NOEND;
+	idem_filter_shared->builds[i].nwaiting = 0;
+}
+
+/*
  * Invalidate the slot of (db, relid), or all slots of db if relid is
  * InvalidOid, or all slots if db is InvalidOid as well.
  */
@@ -656,11 +733,7 @@ idem_filter_invalidate(Oid db, Oid relid)
 
 		if ((!OidIsValid(db) || slot->db == db) &&
 			(!OidIsValid(relid) || slot->relid == relid))
-		{
-			idem_filter_free_slot(slot);
-			slot->db = InvalidOid;
-			slot->relid = InvalidOid;
-		}
+			idem_filter_release_slot(slot);
 	}
 	LWLockRelease(idem_filter_shared->lock);
 }
@@ -866,12 +939,29 @@ idem_filter_function_ok(Oid funcoid)
 }
 
 /*
- * Does partition rel have our trigger, with our function, ENABLE ALWAYS,
- * without WHEN or column list, and last?  (Whether its probe index
- * compares by bytes, as the filter's hash does, the reader checks:
- * idem_trusted in records.c.)
+ * Is column name of partition rel one whose value a row trigger sees as
+ * it is stored: present and not generated?  PostgreSQL computes generated
+ * columns after the BEFORE ROW triggers, so the trigger would see NULL and
+ * note nothing.  (Since PostgreSQL 16 a partition cannot have a generated
+ * column that its parent's is not; 15 attaches one.)
  */
 static bool
+idem_filter_column_ok(Relation rel, const char *name)
+{
+	AttrNumber	att = get_attnum(RelationGetRelid(rel), name);
+
+	return att != InvalidAttrNumber && att > 0 &&
+		TupleDescAttr(RelationGetDescr(rel), att - 1)->attgenerated == '\0';
+}
+
+/*
+ * Can partition rel have a filter?  A heap whose scope and key are stored
+ * as written, with our trigger, calling our function, ENABLE ALWAYS,
+ * without WHEN or column list, and last.  NULL if so, else why not, for
+ * the build's NOTICE.  (Whether its probe index compares by bytes, as the
+ * filter's hash does, the reader checks: idem_trusted in records.c.)
+ */
+static const char *
 idem_filter_rel_ok(Relation rel)
 {
 	TriggerDesc *trigdesc = rel->trigdesc;
@@ -880,22 +970,22 @@ idem_filter_rel_ok(Relation rel)
 	/* a heap to scan: not a partitioned or foreign table attached */
 	if (rel->rd_rel->relkind != RELKIND_RELATION ||
 		rel->rd_rel->relam != HEAP_TABLE_AM_OID)
-		return false;
-	if (get_attnum(RelationGetRelid(rel), "scope") == InvalidAttrNumber ||
-		get_attnum(RelationGetRelid(rel), "key") == InvalidAttrNumber)
-		return false;
-	if (trigdesc == NULL)
-		return false;
-	for (i = 0; i < trigdesc->numtriggers; i++)
+		return "It is not a heap table.";
+	if (!idem_filter_column_ok(rel, "scope") ||
+		!idem_filter_column_ok(rel, "key"))
+		return "Its column \"scope\" or \"key\" is missing or generated.";
+	for (i = 0; trigdesc != NULL && i < trigdesc->numtriggers; i++)
 	{
 		Trigger    *t = &trigdesc->triggers[i];
 
 		if (strcmp(t->tgname, IDEM_FILTER_TRIGGER) != 0)
 			continue;
-		return idem_filter_function_ok(t->tgfoid) &&
-			idem_filter_trigger_is_last(trigdesc, i);
+		if (idem_filter_function_ok(t->tgfoid) &&
+			idem_filter_trigger_is_last(trigdesc, i))
+			return NULL;
+		break;
 	}
-	return false;
+	return "Its trigger \"" IDEM_FILTER_TRIGGER "\" is missing, not ENABLE ALWAYS, has a WHEN condition or a column list, does not call idempotency.records_note_key(), or is not its last BEFORE ROW trigger.";
 }
 
 /*
@@ -1018,6 +1108,14 @@ typedef struct IdemFilterBuild
 	uint32		gen;
 } IdemFilterBuild;
 
+/* What idem_filter_build_one did with a partition */
+typedef enum IdemFilterOutcome
+{
+	FILTER_BUILT,				/* its filter is READY */
+	FILTER_DEFERRED,			/* BUILDING still, for a later build */
+	FILTER_NO_SLOT				/* no slot was left for it */
+} IdemFilterOutcome;
+
 static void
 idem_filter_build_cleanup(int code, Datum arg)
 {
@@ -1027,11 +1125,7 @@ idem_filter_build_cleanup(int code, Datum arg)
 		return;
 	LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
 	if (pg_atomic_read_u32(&build->slot->gen) == build->gen)
-	{
-		idem_filter_free_slot(build->slot);
-		build->slot->db = InvalidOid;
-		build->slot->relid = InvalidOid;
-	}
+		idem_filter_release_slot(build->slot);
 	LWLockRelease(idem_filter_shared->lock);
 }
 
@@ -1114,11 +1208,7 @@ idem_filter_forget_made(SubTransactionId subid)
 		}
 		LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
 		if (pg_atomic_read_u32(&m->slot->gen) == m->gen)
-		{
-			idem_filter_free_slot(m->slot);
-			m->slot->db = InvalidOid;
-			m->slot->relid = InvalidOid;
-		}
+			idem_filter_release_slot(m->slot);
 		LWLockRelease(idem_filter_shared->lock);
 	}
 	idem_filters_nmade = kept;
@@ -1154,12 +1244,14 @@ idem_filter_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 }
 
 /*
- * Take a slot for (MyDatabaseId, relid) and mark it BUILDING with its bits
- * cleared: the partition's own slot if it has one, else a free one.  NULL
- * when none is left.
+ * Take a slot for (MyDatabaseId, relid), whose range ends at until, and
+ * mark it BUILDING with its bits cleared and its wait list empty: the
+ * partition's own slot if it has one, else a free one, else one that no
+ * call looks in any more.  NULL when none is left.
  */
 static IdemFilterSlot *
-idem_filter_claim_slot(Oid relid, uint32 *gen)
+idem_filter_claim_slot(Oid relid, TimestampTz until, TimestampTz now,
+					   uint32 *gen)
 {
 	IdemFilterSlot *slot = NULL;
 	int			i;
@@ -1182,25 +1274,35 @@ idem_filter_claim_slot(Oid relid, uint32 *gen)
 	}
 
 	/*
-	 * None free: one of a database dropped while a backend of it was still
-	 * building (DROP DATABASE's hook runs before its backends are gone).
+	 * None free: one of another database whose partition's range has ended
+	 * (each database's builds give back its own, but one that builds no
+	 * more would keep them), or of a database dropped while a backend of it
+	 * was still building (DROP DATABASE's hook runs before its backends are
+	 * gone).  A reader still looking at such a slot sees its generation
+	 * change, and descends the index.
 	 */
 	for (i = 0; i < idem_filter_shared->nslots && slot == NULL; i++)
 	{
 		IdemFilterSlot *s = idem_filter_slot(i);
 
 		if (OidIsValid(s->db) && s->db != MyDatabaseId &&
-			!SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(s->db)))
+			(idem_filter_shared->builds[i].until <= now ||
+			 !SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(s->db))))
 			slot = s;
 	}
 	if (slot != NULL)
 	{
+		IdemFilterBuildState *b =
+			&idem_filter_shared->builds[slot - idem_filter_shared->slots];
+
 		idem_filter_free_slot(slot);
 		memset(idem_filter_words(slot), 0,
 			   (Size) idem_filter_shared->nblocks * FILTER_BLOCK_BYTES);
 		pg_atomic_write_u32(&slot->filled, 0);
 		slot->db = MyDatabaseId;
 		slot->relid = relid;
+		b->until = until;
+		b->nwaiting = 0;
 		pg_write_barrier();
 		pg_atomic_write_u32(&slot->state, FILTER_BUILDING);
 		pg_memory_barrier();
@@ -1211,41 +1313,113 @@ idem_filter_claim_slot(Oid relid, uint32 *gen)
 }
 
 /*
- * Wait for the transactions that held RowExclusiveLock on partition relid
- * when its slot became BUILDING: they may have read the slot as FREE and
- * insert without adding their keys.  Later ones see BUILDING.  As CREATE
- * INDEX CONCURRENTLY does, but polling, so that the wait can end at
- * max_wait_ms (negative: no end); false if it did.
+ * The slot of partition relid left BUILDING by an earlier build that could
+ * not wait for all its inserters, into *build; false if there is none.  The
+ * caller holds SHARE UPDATE EXCLUSIVE on the partition, so no other build
+ * of it is running: every key inserted since the slot became BUILDING has
+ * been added to it (or it would have been invalidated, hence FREE), and its
+ * wait list names the inserters from before that may not have added theirs.
  */
 static bool
-idem_filter_wait_inserters(Oid relid, int max_wait_ms)
+idem_filter_resume(Oid relid, IdemFilterBuild *build)
+{
+	IdemFilterSlot *slot;
+
+	LWLockAcquire(idem_filter_shared->lock, LW_SHARED);
+	slot = idem_filter_find(MyDatabaseId, relid);
+	if (slot != NULL && pg_atomic_read_u32(&slot->state) == FILTER_BUILDING)
+	{
+		build->slot = slot;
+		build->gen = pg_atomic_read_u32(&slot->gen);
+	}
+	else
+		slot = NULL;
+	LWLockRelease(idem_filter_shared->lock);
+	return slot != NULL;
+}
+
+/*
+ * Put into the wait list of build's slot, just made BUILDING, the
+ * transactions that hold RowExclusiveLock on partition relid now: they may
+ * have read the slot as FREE and insert without adding their keys.  Later
+ * ones see BUILDING.  Nothing is kept if the slot has moved on.
+ */
+static void
+idem_filter_note_inserters(IdemFilterBuild *build, Oid relid)
 {
 	LOCKTAG		tag;
 	VirtualTransactionId *vxids;
+	int			n = 0;
+	int			i = build->slot - idem_filter_shared->slots;
+
+	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
+	vxids = GetLockConflicts(&tag, ShareLock, &n);
+	Assert(n <= idem_filter_shared->maxwaiting);
+	LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
+	if (pg_atomic_read_u32(&build->slot->gen) == build->gen)
+	{
+		n = Min(n, idem_filter_shared->maxwaiting);
+		memcpy(idem_filter_shared->waiting +
+			   (Size) i * idem_filter_shared->maxwaiting,
+			   vxids, sizeof(VirtualTransactionId) * n);
+		idem_filter_shared->builds[i].nwaiting = n;
+	}
+	LWLockRelease(idem_filter_shared->lock);
+}
+
+/*
+ * Wait for the transactions in the wait list of build's slot to end, as
+ * CREATE INDEX CONCURRENTLY waits for those that held a lock when it began,
+ * but polling, so that the wait can end at max_wait_ms (negative: no end).
+ * True once none is left; else false, the list cut to those still running,
+ * for a later build to wait for: new inserters never join it.  True too if
+ * the slot has moved on, which the caller finds before marking it READY.
+ */
+static bool
+idem_filter_wait_inserters(IdemFilterBuild *build, int max_wait_ms)
+{
+	int			i = build->slot - idem_filter_shared->slots;
+	VirtualTransactionId *row;
+	VirtualTransactionId *vxids;
 	TimestampTz deadline = 0;
+	int			n;
+
+	row = idem_filter_shared->waiting + (Size) i * idem_filter_shared->maxwaiting;
+	vxids = palloc(sizeof(VirtualTransactionId) * idem_filter_shared->maxwaiting);
+	LWLockAcquire(idem_filter_shared->lock, LW_SHARED);
+	n = pg_atomic_read_u32(&build->slot->gen) == build->gen ?
+		idem_filter_shared->builds[i].nwaiting : 0;
+	memcpy(vxids, row, sizeof(VirtualTransactionId) * n);
+	LWLockRelease(idem_filter_shared->lock);
 
 	if (max_wait_ms >= 0)
 		deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 											   max_wait_ms);
-	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
-	vxids = GetLockConflicts(&tag, ShareLock, NULL);
-	for (; VirtualTransactionIdIsValid(*vxids); vxids++)
+	while (n > 0)
 	{
+		int			kept = 0;
+		int			j;
+
 		/* without an end, a lock wait that pg_locks and deadlock checks see */
-		if (max_wait_ms < 0)
-		{
-			(void) VirtualXactLock(*vxids, true);
-			continue;
-		}
-		while (!VirtualXactLock(*vxids, false))
-		{
-			if (GetCurrentTimestamp() >= deadline)
-				return false;
-			CHECK_FOR_INTERRUPTS();
-			pg_usleep(5000L);
-		}
+		for (j = 0; j < n; j++)
+			if (!VirtualXactLock(vxids[j], max_wait_ms < 0))
+				vxids[kept++] = vxids[j];
+		n = kept;
+		if (n == 0 || GetCurrentTimestamp() >= deadline)
+			break;
+		CHECK_FOR_INTERRUPTS();
+		pg_usleep(5000L);
 	}
-	return true;
+
+	LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
+	if (pg_atomic_read_u32(&build->slot->gen) == build->gen)
+	{
+		memcpy(row, vxids, sizeof(VirtualTransactionId) * n);
+		idem_filter_shared->builds[i].nwaiting = n;
+	}
+	LWLockRelease(idem_filter_shared->lock);
+	pfree(vxids);
+	return n == 0;
 }
 
 /*
@@ -1297,28 +1471,123 @@ idem_filter_reclaim(List *live)
 
 		if (slot->db == MyDatabaseId && OidIsValid(slot->relid) &&
 			!list_member_oid(live, slot->relid))
-		{
-			idem_filter_free_slot(slot);
-			slot->db = InvalidOid;
-			slot->relid = InvalidOid;
-		}
+			idem_filter_release_slot(slot);
 	}
 	LWLockRelease(idem_filter_shared->lock);
 }
 
 /*
+ * Make partition rel's filter, or go on with the one an earlier build left
+ * BUILDING: wait (at most max_wait_ms, negative: no end) for the inserters
+ * from before its slot became BUILDING, add every tuple of the heap, mark
+ * it READY.  The caller holds SHARE UPDATE EXCLUSIVE on rel, which keeps
+ * its trigger from changing meanwhile, and has checked it
+ * (idem_filter_rel_ok).  A build that cannot wait for all the inserters
+ * leaves the slot BUILDING with those still running: new inserters add
+ * their keys themselves, so a later build needs to wait for the old ones
+ * only, and a partition under a steady stream of long transactions gets
+ * its filter all the same.
+ */
+static IdemFilterOutcome
+idem_filter_build_one(Relation rel, TimestampTz until, TimestampTz now,
+					  int max_wait_ms)
+{
+	Oid			relid = RelationGetRelid(rel);
+	IdemFilterBuild build;
+	IdemFilterOutcome outcome = FILTER_BUILT;
+
+	if (!idem_filter_resume(relid, &build))
+	{
+		build.slot = idem_filter_claim_slot(relid, until, now, &build.gen);
+		if (build.slot == NULL)
+			return FILTER_NO_SLOT;
+		idem_filter_note_inserters(&build, relid);
+	}
+
+	PG_ENSURE_ERROR_CLEANUP(idem_filter_build_cleanup, PointerGetDatum(&build));
+	{
+		if (idem_filter_wait_inserters(&build, max_wait_ms))
+			idem_filter_fill(rel, build.slot);
+		else
+		{
+			ereport(NOTICE,
+					(errmsg("idempotency filter of partition \"%s\" is not built yet",
+							RelationGetRelationName(rel)),
+					 errdetail("Transactions that were inserting into it when its build began were still running after %d ms.",
+							   max_wait_ms),
+					 errhint("A later run finishes the build once they have ended.")));
+			outcome = FILTER_DEFERRED;
+		}
+	}
+	PG_END_ENSURE_ERROR_CLEANUP(idem_filter_build_cleanup, PointerGetDatum(&build));
+	if (outcome != FILTER_BUILT)
+		return outcome;
+
+	LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
+	if (pg_atomic_read_u32(&build.slot->gen) == build.gen &&
+		pg_atomic_read_u32(&build.slot->state) == FILTER_BUILDING)
+	{
+		pg_write_barrier();
+		pg_atomic_write_u32(&build.slot->state, FILTER_READY);
+		idem_filter_remember(build.slot, build.gen);
+	}
+	else
+		outcome = FILTER_DEFERRED;
+	LWLockRelease(idem_filter_shared->lock);
+	return outcome;
+}
+
+/*
+ * Say that a build left partition relname without a filter for want of a
+ * slot (relname NULL: it lacked none).  To the caller every time; in the
+ * server log once, until a build of the database that logged it finds every
+ * slot it needs again, so that maintenance every minute does not repeat it.
+ */
+static void
+idem_filter_report_slots(const char *relname)
+{
+	bool		first = false;
+
+	LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
+	if (relname != NULL && !OidIsValid(idem_filter_shared->starved_db))
+	{
+		idem_filter_shared->starved_db = MyDatabaseId;
+		first = true;
+	}
+	else if (relname == NULL && idem_filter_shared->starved_db == MyDatabaseId)
+		idem_filter_shared->starved_db = InvalidOid;
+	LWLockRelease(idem_filter_shared->lock);
+	if (relname == NULL)
+		return;
+
+	if (first)
+		ereport(LOG,
+				(errmsg("no idempotency filter slot left for partition \"%s\" of database \"%s\"",
+						relname, get_database_name(MyDatabaseId)),
+				 errdetail("All %d slots set by idempotency.filters hold filters of live partitions; every database of the server takes its slots from them.",
+						   idem_filter_shared->nslots),
+				 errhint("Raise idempotency.filters and restart the server.")));
+	ereport(NOTICE,
+			(errmsg("no idempotency filter slot left for partition \"%s\"",
+					relname),
+			 errhint("Raise idempotency.filters and restart the server.")));
+}
+
+/*
  * idempotency.build_filters(max_wait interval DEFAULT NULL): build the
  * filters of the live partitions (and DEFAULT) that have none READY, while
- * slots last; returns how many were built.  Only the owner of
+ * slots last; returns how many were made READY.  Only the owner of
  * idempotency.records, never during recovery.
  *
  * A partition is skipped, for a later run to build, when another session
  * holds a lock on it that conflicts with SHARE UPDATE EXCLUSIVE (a build,
- * DDL, VACUUM), when transactions that were inserting into it when its
- * build began are still running after max_wait (NULL: wait for them), and
- * when its trigger is missing, not ENABLE ALWAYS or not the last BEFORE
- * ROW trigger.  idem_maintain() calls it with maintenance_lock_timeout, so
- * that a long transaction costs a filter, never the partition work.
+ * DDL, VACUUM), and when its scope or key is generated or its trigger is
+ * missing, not ENABLE ALWAYS or not the last BEFORE ROW trigger.  One whose
+ * build began with transactions inserting into it that are still running
+ * after max_wait (NULL: wait for them) is left BUILDING, and a later run
+ * goes on from there (idem_filter_build_one).  idem_maintain() calls it
+ * with maintenance_lock_timeout, so that a long transaction delays a
+ * filter, never the partition work.
  */
 Datum
 idem_build_filters(PG_FUNCTION_ARGS)
@@ -1328,6 +1597,8 @@ idem_build_filters(PG_FUNCTION_ARGS)
 	ListCell   *lc;
 	int32		built = 0;
 	int			max_wait_ms = -1;
+	TimestampTz now;
+	char	   *starved_at = NULL;
 
 	if (idem_filter_shared == NULL)
 		ereport(ERROR,
@@ -1364,15 +1635,17 @@ idem_build_filters(PG_FUNCTION_ARGS)
 				 errmsg("permission denied to build idempotency filters"),
 				 errdetail("Only the owner of table \"idempotency.records\" may build them.")));
 
-	parts = idem_records_live_partitions(parent, GetCurrentTimestamp());
+	now = GetCurrentTimestamp();
+	parts = idem_records_live_partitions(parent, now);
 	idem_filter_reclaim(parts);
 	idem_filter_made_room();
 	foreach(lc, parts)
 	{
 		Oid			relid = lfirst_oid(lc);
 		IdemFilterSlot *slot;
-		IdemFilterBuild build;
 		Relation	rel;
+		const char *why;
+		IdemFilterOutcome outcome;
 
 		slot = idem_filter_find(MyDatabaseId, relid);
 		if (slot != NULL && pg_atomic_read_u32(&slot->state) == FILTER_READY)
@@ -1391,56 +1664,31 @@ idem_build_filters(PG_FUNCTION_ARGS)
 			UnlockRelationOid(relid, ShareUpdateExclusiveLock);
 			continue;
 		}
-		if (!idem_filter_rel_ok(rel))
+		why = idem_filter_rel_ok(rel);
+		if (why != NULL)
 		{
 			ereport(NOTICE,
 					(errmsg("no idempotency filter for partition \"%s\"",
 							RelationGetRelationName(rel)),
-					 errdetail("Its trigger \"%s\" is missing, not ENABLE ALWAYS, has a WHEN condition or a column list, does not call idempotency.records_note_key(), or is not its last BEFORE ROW trigger.",
-							   IDEM_FILTER_TRIGGER)));
+					 errdetail_internal("%s", why)));
 			relation_close(rel, ShareUpdateExclusiveLock);
 			continue;
 		}
 
-		build.slot = idem_filter_claim_slot(relid, &build.gen);
-		if (build.slot == NULL)
+		outcome = idem_filter_build_one(rel,
+										idem_records_partition_end(parent, relid),
+										now, max_wait_ms);
+		if (outcome == FILTER_NO_SLOT)
 		{
+			starved_at = pstrdup(RelationGetRelationName(rel));
 			relation_close(rel, ShareUpdateExclusiveLock);
 			break;
 		}
-		PG_ENSURE_ERROR_CLEANUP(idem_filter_build_cleanup, PointerGetDatum(&build));
-		{
-			if (idem_filter_wait_inserters(relid, max_wait_ms))
-				idem_filter_fill(rel, build.slot);
-			else
-			{
-				ereport(NOTICE,
-						(errmsg("idempotency filter of partition \"%s\" not built",
-								RelationGetRelationName(rel)),
-						 errdetail("Transactions that were inserting into it when the build began were still running after %d ms.",
-								   max_wait_ms),
-						 errhint("It is built by a later run.")));
-				idem_filter_build_cleanup(0, PointerGetDatum(&build));
-				build.slot = NULL;
-			}
-		}
-		PG_END_ENSURE_ERROR_CLEANUP(idem_filter_build_cleanup, PointerGetDatum(&build));
-
-		if (build.slot != NULL)
-		{
-			LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
-			if (pg_atomic_read_u32(&build.slot->gen) == build.gen &&
-				pg_atomic_read_u32(&build.slot->state) == FILTER_BUILDING)
-			{
-				pg_write_barrier();
-				pg_atomic_write_u32(&build.slot->state, FILTER_READY);
-				idem_filter_remember(build.slot, build.gen);
-				built++;
-			}
-			LWLockRelease(idem_filter_shared->lock);
-		}
+		if (outcome == FILTER_BUILT)
+			built++;
 		relation_close(rel, NoLock);
 	}
+	idem_filter_report_slots(starved_at);
 	idem_records_close(parent);
 	PG_RETURN_INT32(built);
 }

@@ -454,6 +454,17 @@ LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
 -- partitions made here get their filters at the next run.  The pg_cron job
 -- calls idem_maintain() by name.
 --
+-- Last, the filter trigger is put back to ENABLE ALWAYS where something
+-- left it plain ENABLE (the state ALTER TABLE ... ENABLE TRIGGER ALL gives
+-- it, which pg_restore --disable-triggers runs): builds refuse such a
+-- partition, since the trigger would not fire for logical replication's
+-- apply.  Only where the trigger is otherwise the extension's own (its
+-- function, BEFORE INSERT OR UPDATE FOR EACH ROW, no WHEN, no columns), one
+-- table at a time with ONLY (the parent's state is what new partitions
+-- copy), within maintenance_lock_timeout; the next run builds the filters.
+-- A trigger disabled, ENABLE REPLICA, changed or missing is left alone and
+-- named in a WARNING, which the server log keeps.
+--
 ALTER FUNCTION idempotency.idem_maintain() RENAME TO maintain_partitions;
 
 CREATE FUNCTION idempotency.idem_maintain()
@@ -461,6 +472,11 @@ RETURNS TABLE (partitions_created int, partitions_dropped int)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    rel         pg_catalog.regclass;
+    trig_state  "char";
+    intact      boolean;
+    lock_wait   text;
 BEGIN
     BEGIN
         PERFORM idempotency.record_daily();
@@ -481,6 +497,57 @@ BEGIN
     END IF;
     RETURN QUERY SELECT m.partitions_created, m.partitions_dropped
                    FROM idempotency.maintain_partitions() m;
+    IF pg_catalog.current_setting('idempotency.filters', true)
+       OPERATOR(pg_catalog.<>) '0' THEN
+        lock_wait := pg_catalog.current_setting('lock_timeout');
+        BEGIN
+            PERFORM pg_catalog.set_config('lock_timeout',
+                (idempotency.maintenance_settings()).lock_timeout_ms OPERATOR(pg_catalog.||) 'ms',
+                true);
+            FOR rel, trig_state, intact IN
+                SELECT c.oid::pg_catalog.regclass, t.tgenabled,
+                       t.tgfoid OPERATOR(pg_catalog.=)
+                           'idempotency.records_note_key()'::pg_catalog.regprocedure
+                       AND t.tgtype OPERATOR(pg_catalog.=) 23
+                       AND t.tgqual IS NULL
+                       AND t.tgnargs OPERATOR(pg_catalog.=) 0
+                       AND pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) OPERATOR(pg_catalog.=) 0
+                  FROM pg_catalog.pg_class c
+                  LEFT JOIN pg_catalog.pg_trigger t
+                    ON t.tgrelid OPERATOR(pg_catalog.=) c.oid
+                   AND t.tgname OPERATOR(pg_catalog.=) 'zz_records_filter'
+                 WHERE (c.oid OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass
+                        OR c.oid IN (SELECT p.partition FROM idempotency.partitions p))
+                   AND t.tgenabled IS DISTINCT FROM 'A'
+                 ORDER BY c.oid
+            LOOP
+                IF intact AND trig_state OPERATOR(pg_catalog.=) 'O' THEN
+                    BEGIN
+                        EXECUTE pg_catalog.format(
+                            'ALTER TABLE ONLY %s ENABLE ALWAYS TRIGGER zz_records_filter', rel);
+                        RAISE LOG 'idempotency maintenance set trigger "zz_records_filter" of table "%" back to ENABLE ALWAYS',
+                            rel;
+                    EXCEPTION WHEN lock_not_available THEN
+                        RAISE LOG 'idempotency maintenance could not lock table "%" to set its trigger "zz_records_filter" back to ENABLE ALWAYS, leaving it to its next run',
+                            rel;
+                    END;
+                ELSIF intact THEN
+                    RAISE WARNING 'table "%" has no known-absent filter: its trigger "zz_records_filter" is %',
+                        rel, CASE trig_state WHEN 'D' THEN 'disabled' ELSE 'ENABLE REPLICA' END
+                      USING HINT = pg_catalog.format(
+                          'Once nothing needs it so, run ALTER TABLE ONLY %s ENABLE ALWAYS TRIGGER zz_records_filter;', rel);
+                ELSE
+                    RAISE WARNING 'table "%" has no known-absent filter: its trigger "zz_records_filter" is %',
+                        rel, CASE WHEN trig_state IS NULL THEN 'missing'
+                                  ELSE 'not the one the extension made' END;
+                END IF;
+            END LOOP;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'idempotency maintenance could not check the filter triggers: %', SQLERRM
+                USING ERRCODE = SQLSTATE;
+        END;
+        PERFORM pg_catalog.set_config('lock_timeout', lock_wait, true);
+    END IF;
 END
 $$;
 

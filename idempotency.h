@@ -118,6 +118,7 @@ extern void idem_records_consume(Relation parent, const IdemRecord *rec,
 								 text *scope, text *key, TimestampTz now);
 extern void idem_records_delete(Relation parent, const IdemRecord *rec);
 extern List *idem_records_live_partitions(Relation parent, TimestampTz now);
+extern TimestampTz idem_records_partition_end(Relation parent, Oid relid);
 
 /* filter.c: per-partition known-absent filters (preloaded only) */
 extern void idem_filter_init(void);

@@ -933,6 +933,28 @@ idem_records_live_partitions(Relation parent, TimestampTz now)
 	return result;
 }
 
+/*
+ * The end of partition relid's range, DT_NOEND for the DEFAULT partition
+ * (or one no longer attached).  A filter slot keeps it: once the range has
+ * ended, no call looks in the slot and any database's build may take it.
+ */
+TimestampTz
+idem_records_partition_end(Relation parent, Oid relid)
+{
+	PartitionDesc pd = RelationGetPartitionDesc(parent, true);
+	PartitionBoundInfo bi = pd->boundinfo;
+	int			i;
+
+	if (bi == NULL)
+		return DT_NOEND;
+	for (i = 0; i < bi->ndatums; i++)
+	{
+		if (bi->indexes[i] >= 0 && pd->oids[bi->indexes[i]] == relid)
+			return idem_bound_value(bi, i);
+	}
+	return DT_NOEND;
+}
+
 
 /*
  * Are a stored text value and a text the same bytes?  Stricter than the

@@ -14,7 +14,8 @@
  * each, one after the other, a worker that connects to it and, where the
  * extension is installed at a version that has it, calls the extension's
  * own build_filters('1s') as the bootstrap superuser (who may build as the
- * owner can).  Both exit when done, and are not restarted.  SIGTERM (a
+ * owner can); a filter whose inserters outlast that second is finished by
+ * the next maintenance run.  Both exit when done, and are not restarted.  SIGTERM (a
  * fast shutdown) ends them at the next interrupt check.
  *
  * The postmaster forgets such a launcher at a crash, and makes shared
