@@ -13,6 +13,7 @@ OBJS = \
 	records.o \
 	stats.o \
 	filter.o \
+	filterbuild.o \
 	worker.o
 
 EXTENSION = idempotency

@@ -296,6 +296,7 @@ _PG_init(void)
 
 	/* the known-absent filters' settings and hooks, if preloaded */
 	idem_filter_init();
+	idem_filterbuild_init();
 
 	MarkGUCPrefixReserved("idempotency");
 

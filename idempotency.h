@@ -22,6 +22,7 @@
 #include "port/atomics.h"
 #include "portability/instr_time.h"
 #include "storage/itemptr.h"
+#include "storage/lock.h"
 #include "utils/relcache.h"
 #include "utils/snapshot.h"
 #include "utils/uuid.h"
@@ -134,10 +135,35 @@ typedef enum IdemFilterAnswer
 extern IdemFilterAnswer idem_filter_check(Oid relid, uint64 hash, int *hint);
 extern void idem_filter_prefetch(Oid relid, uint64 hash, int *hint);
 extern void idem_filter_note(Oid relid, uint64 hash);
-extern bool idem_filter_claim_launch(void);
+extern void idem_filter_invalidate(Oid db, Oid relid);
+
+/* filter.c: the slots, for their builds (filterbuild.c) */
+typedef struct IdemFilterSlot IdemFilterSlot;
+extern bool idem_filter_configured(void);
+extern int	idem_filter_nslots(void);
+extern int	idem_filter_max_waiting(void);
+extern bool idem_filter_has_slot(Oid relid);
+extern bool idem_filter_is_ready(Oid relid);
+extern bool idem_filter_is_current(IdemFilterSlot *slot, uint32 gen);
+extern IdemFilterSlot *idem_filter_claim(Oid relid, TimestampTz until,
+										 TimestampTz now, uint32 *gen);
+extern IdemFilterSlot *idem_filter_building(Oid relid, uint32 *gen);
+extern void idem_filter_add(IdemFilterSlot *slot, uint64 hash);
+extern int	idem_filter_get_waiting(IdemFilterSlot *slot, uint32 gen,
+									VirtualTransactionId *vxids);
+extern void idem_filter_put_waiting(IdemFilterSlot *slot, uint32 gen,
+									const VirtualTransactionId *vxids, int n);
+extern bool idem_filter_mark_ready(IdemFilterSlot *slot, uint32 gen);
+extern void idem_filter_release_if(IdemFilterSlot *slot, uint32 gen);
+extern void idem_filter_reclaim(List *live);
+extern bool idem_filter_note_starved(bool starved);
+
+/* filterbuild.c: what keeps the filters true (preloaded only) */
+extern void idem_filterbuild_init(void);
 
 /* worker.c: filters built at server start and after a crash (preloaded) */
 extern void idem_worker_init(bool launch);
+extern bool idem_worker_may_launch(void);
 extern void idem_worker_launch(void);
 
 /* Largest key and scope, in bytes (idempotency.c checks, filter.c relies on it) */

@@ -170,21 +170,28 @@ idem_worker_databases(void)
 }
 
 /*
- * After a crash, start the launcher from this backend, if it is the first
- * to get here (idem_filter_usable calls this until one has).  Not from a
- * parallel worker, in single-user mode, or under pg_upgrade.  Without a
- * free worker slot the filters are left to maintenance.
+ * May this backend start the launcher after a crash?  Not a parallel
+ * worker, not in single-user mode, not under pg_upgrade.  Asked before the
+ * backend takes the launch on (idem_filter_usable), so that one that may not
+ * leaves it to the next.
+ */
+bool
+idem_worker_may_launch(void)
+{
+	return !IsBinaryUpgrade && !IsParallelWorker() && IsUnderPostmaster;
+}
+
+/*
+ * After a crash, start the launcher from this backend, which has taken the
+ * launch on (the first to get there: filter.c's flag, idem_filter_usable).
+ * Without a free worker slot the filters are left to maintenance.
  */
 void
 idem_worker_launch(void)
 {
 	BackgroundWorker worker;
 
-	if (IsBinaryUpgrade || IsParallelWorker() || !IsUnderPostmaster)
-		return;
-	if (!idem_filter_claim_launch())
-		return;
-	/* claimed: with the setting off, nobody builds until a restart */
+	/* taken on: with the setting off, nobody builds until a restart */
 	if (!idem_build_filters_at_start)
 		return;
 
