@@ -89,6 +89,8 @@ def matches(expected, actual):
 
 
 ENV = dict(os.environ)
+# a fresh Debian root's PATH: no pyenv or other shims of this machine's own
+ENV["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PG_BINDIR = ENV["PG_BINDIR"]
 REPO = ENV["REPO_ROOT"]
 TMP = tempfile.mkdtemp(prefix="docs-test.", dir=os.environ.get("IDEM_TMPDIR") or None)
