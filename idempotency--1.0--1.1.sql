@@ -156,6 +156,61 @@ AS 'MODULE_PATHNAME', 'idem_token_consume'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
 --
+-- idem_schedule_maintenance, again: a job whose runs fail (pg_cron could not
+-- connect, say: it connects to cron.host over TCP, which Debian's default
+-- pg_hba.conf refuses without a password) is otherwise silent, and
+-- maintenance never runs.  So it now warns when any of the last five runs
+-- of this database's job failed.  And since pg_cron keeps the cron.host a
+-- job was scheduled with, a job whose host is no longer cron.host is
+-- scheduled anew, so that calling it again after fixing cron.host fixes
+-- the job too.
+--
+CREATE OR REPLACE FUNCTION idempotency.idem_schedule_maintenance(schedule text DEFAULT '*/10 * * * *')
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    job_name    text := 'idempotency-maintenance:' || current_database();
+    failed      bigint;
+    runs        bigint;
+    last_error  text;
+BEGIN
+    IF schedule IS NULL THEN
+        RAISE EXCEPTION 'schedule must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM idempotency.cron_check(schedule);
+    IF to_regclass('cron.job_run_details') IS NOT NULL THEN
+        SELECT count(*) FILTER (WHERE r.status = 'failed'), count(*),
+               (array_agg(r.return_message ORDER BY r.runid DESC)
+                    FILTER (WHERE r.status = 'failed'))[1]
+          INTO failed, runs, last_error
+          FROM (SELECT d.runid, d.status, d.return_message
+                  FROM cron.job j
+                  JOIN cron.job_run_details d ON d.jobid = j.jobid
+                 WHERE j.jobname = job_name AND j.username = current_user
+                 ORDER BY d.runid DESC
+                 LIMIT 5) r;
+        IF failed > 0 THEN
+            RAISE WARNING '% of the last % runs of pg_cron job "%" failed: %',
+                          failed, runs, job_name, coalesce(last_error, '(no message)')
+                USING HINT = 'pg_cron connects to cron.host (default localhost) over TCP, which Debian''s default pg_hba.conf refuses without a password: set cron.host to the socket directory (Debian: ''/var/run/postgresql'') or cron.use_background_workers = on, restart the server, then call idem_schedule_maintenance again.  SELECT * FROM cron.job_run_details shows every run.';
+        END IF;
+    END IF;
+    IF EXISTS (SELECT FROM cron.job j
+                WHERE j.jobname = job_name AND j.username = current_user
+                  AND j.nodename IS DISTINCT FROM current_setting('cron.host', true)) THEN
+        PERFORM cron.unschedule(job_name);
+    END IF;
+    -- pg_cron replaces the job of the same name and user
+    RETURN cron.schedule_in_database(job_name, schedule,
+                                     'SELECT idempotency.idem_maintain()',
+                                     current_database());
+END
+$$;
+
+--
 -- Statistics, kept in shared memory when the library is preloaded
 -- (shared_preload_libraries); otherwise these raise 55000 with a hint.
 --

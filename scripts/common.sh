@@ -3,7 +3,9 @@
 #
 # Sourced, not run.  Works under `set -euo pipefail`, as root on Debian 12.
 #
-#   install_deps     apt-get install what is missing (nothing when all is there)
+#   install_deps [demo]  apt-get install what is missing (nothing when all
+#                    is there): every package the tests use, or with "demo"
+#                    only what scripts/demo.sh uses
 #   build_install    make && make install against PostgreSQL $IDEM_PG_MAJOR
 #   start_cluster    throwaway cluster as the postgres OS user, in a fresh
 #                    temporary folder, on a free port of 127.0.0.1; exports
@@ -32,9 +34,15 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # prometheus-postgres-exporter is the real exporter that t/015_exporter.pl
 # runs against monitoring/idempotency.yaml.  postgresql-N-plproxy is for
 # idempotency_proxy (proxy/) and t/020_proxy*.pl.
-IDEM_PACKAGES=("postgresql-$IDEM_PG_MAJOR" "postgresql-server-dev-$IDEM_PG_MAJOR"
-               "postgresql-$IDEM_PG_MAJOR-cron" "postgresql-$IDEM_PG_MAJOR-plproxy"
-               make gcc libipc-run-perl pgbouncer
+#
+# The demo (scripts/demo.sh) needs only the server (pgbench is in it), its
+# headers, pg_cron (the cluster preloads it) and the compiler and make:
+# IDEM_DEMO_PACKAGES.  curl is for the examples' walk-throughs that the docs
+# test runs (scripts/docs_test.sh).
+IDEM_DEMO_PACKAGES=("postgresql-$IDEM_PG_MAJOR" "postgresql-server-dev-$IDEM_PG_MAJOR"
+                    "postgresql-$IDEM_PG_MAJOR-cron" make gcc)
+IDEM_PACKAGES=("${IDEM_DEMO_PACKAGES[@]}" "postgresql-$IDEM_PG_MAJOR-plproxy"
+               libipc-run-perl pgbouncer curl
                golang-go golang-github-gin-gonic-gin-dev golang-github-jackc-pgx-v4-dev
                python3-psycopg python3-psycopg-pool prometheus-postgres-exporter)
 if [[ $IDEM_PG_MAJOR == 15 ]]; then
@@ -97,8 +105,13 @@ v10_revision() {
 }
 
 install_deps() {
-	local p missing=()
-	for p in "${IDEM_PACKAGES[@]}"; do
+	local p missing=() wanted=("${IDEM_PACKAGES[@]}") extra=()
+	if [[ ${1:-} == demo ]]; then
+		wanted=("${IDEM_DEMO_PACKAGES[@]}")
+		# no recommended packages: the demo needs none of them
+		extra=(--no-install-recommends)
+	fi
+	for p in "${wanted[@]}"; do
 		if [[ $(dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null) != ii* ]]; then
 			missing+=("$p")
 		fi
@@ -110,6 +123,9 @@ install_deps() {
 	((EUID == 0)) || die "missing packages (${missing[*]}); run as root to install them"
 	log "installing packages: ${missing[*]}"
 	export DEBIAN_FRONTEND=noninteractive
+	if [[ ${1:-} == demo ]]; then
+		log "(with what they depend on; on a fresh Debian 12 that is a few minutes and a few hundred MB; apt's progress below)"
+	fi
 	run_step "apt-get update" apt-get update -q
 	# No service of these packages may start: prometheus-postgres-exporter's
 	# would listen on every interface (and Debian's own PostgreSQL cluster is
@@ -123,7 +139,14 @@ install_deps() {
 		own_policy=1
 	fi
 	local rc=0
-	(run_step "apt-get install" apt-get install -y -q "${IDEM_PACKAGES[@]}") || rc=$?
+	if [[ ${1:-} == demo ]]; then
+		# progress: one line per package fetched and set up
+		(set -o pipefail
+		 apt-get install -y -q "${extra[@]}" "${wanted[@]}" 2>&1 |
+			grep --line-buffered -E '^(Need to get|After this operation|Get:|Setting up|E:)' | sed -u 's/^/    /') || rc=$?
+	else
+		(run_step "apt-get install" apt-get install -y -q "${wanted[@]}") || rc=$?
+	fi
 	if ((own_policy)); then
 		rm -f "$policy"
 	fi

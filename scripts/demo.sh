@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # scripts/demo.sh -- the idempotency extension at work, on a throwaway cluster
 #
-# Installs what is missing (apt), builds and installs the extension, starts a
+# Installs what is missing of what it needs (apt: the server, its headers,
+# pg_cron, gcc, make; scripts/test.sh installs the rest), builds and
+# installs the extension, starts a
 # cluster of its own (scripts/common.sh), runs the scenarios of the article
 # this project started from (SQL and pgbench scripts in demo/), prints a short
 # report and stops the cluster.  Each line of the report ends in "ok" or in
@@ -18,7 +20,7 @@ DEMO=$REPO_ROOT/demo
 DB=idempotency_demo
 t0=$EPOCHREALTIME
 
-install_deps
+install_deps demo
 build_install
 # durable settings: no "fast"
 # shellcheck disable=SC2119

@@ -8,6 +8,9 @@
 #   prove (TAP)           t/*.pl, on clusters of their own
 #   the HTTP examples     examples/run_tests.sh gin|python, real requests
 #                         to each example's server on 127.0.0.1
+#   the docs              scripts/docs_test.sh: every sql, shell and
+#                         postgresql.conf block of the Markdown files, each
+#                         file on a fresh cluster of its own (docs/testing.md)
 # then the same on PostgreSQL 17 and 18, each in a Debian root of its own
 # (scripts/matrix.sh; IDEM_MATRIX=0 leaves it out).
 # Exits non-zero if anything fails, after printing the diffs.
@@ -180,6 +183,24 @@ run_example() {
 }
 run_example gin
 run_example python
+
+# The docs: every block of README.md, docs/*.md and the examples' READMEs,
+# run as written (scripts/docs_test.sh starts a cluster per file).  Its
+# closing line: "docs (examples): N of M tests passed."
+run_docs() {
+	local name="docs (examples)" out rc=0 line
+	log "$name"
+	out=$IDEM_TMPDIR/docs.out
+	bash "$REPO_ROOT/scripts/docs_test.sh" 2>&1 | tee "$out" || rc=$?
+	if ((rc != 0)); then
+		status=1
+		note_failures "$name" "$out"
+		failures+=$(grep -E '^FAILED ' "$out" | head -n 20 | sed "s/^/[pg$IDEM_PG_MAJOR] $name: /")$'\n'
+	fi
+	line=$(grep -F "$name: " "$out" | grep -E " [0-9]+ of [0-9]+ tests passed\.$" | tail -n 1 || true)
+	echo "${line:-$name: 0 of 1 tests passed.}" >>"$summary"
+}
+run_docs
 
 for diffs in regression.diffs output_iso/regression.diffs; do
 	if [[ -s $diffs ]]; then

@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""scripts/docs_test.py FILE.md -- run the code blocks of one Markdown file
+
+Run by scripts/docs_test.sh, against the throwaway cluster it started for
+this file (PGHOST, PGPORT, IDEM_PGDATA, IDEM_SERVER_LOG, PG_BINDIR, REPO_ROOT
+in the environment).  The convention is in docs/testing.md:
+
+  ```sql      psql, as the postgres role; psql variables (\\gset) and the
+              database (\\c) carry over to the next sql block of the file
+  ```sh       bash -e, as root, in the repository root; variables with
+  ```bash     lower-case names carry over to the next shell block; a server
+              started with & runs until the end of the file
+  ```ini      postgresql.conf lines: appended to the cluster's file, then
+              the server is restarted and must come up
+  ```text     right after a sql or shell block (blank lines between at
+              most): its expected output; "..." in a line matches any
+              text, a line of just "..." any number of lines
+
+  <!-- docs-test: skip -->   on the line just before a block: not run
+                             (the text must say so too)
+
+Any other language (yaml, go, promql, ...) is not run.  A block fails when
+it exits non-zero, prints "ERROR:" that its expected output does not show,
+or prints something other than its expected output.  Prints one line per
+block and, last, "<name>: N of M tests passed."; exits 1 if any failed.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+RUN = {"sql", "sh", "bash", "ini"}
+MARK = re.compile(r"^\s*<!--\s*docs-test:\s*(\S+)\s*-->\s*$")
+FENCE = re.compile(r"^(\s*)```\s*([A-Za-z0-9_+-]*)\s*$")
+
+
+def parse(path):
+    """[(line, lang, text, mark, expected or None)]"""
+    lines = open(path, encoding="utf-8").read().split("\n")
+    blocks = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, lang = m.group(1), m.group(2).lower()
+        start = i
+        body = []
+        i += 1
+        while i < len(lines) and not re.match(r"^\s*```\s*$", lines[i]):
+            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
+            i += 1
+        if i >= len(lines):
+            raise SystemExit(f"{path}:{start + 1}: code block never closed")
+        i += 1
+        mark = None
+        if start > 0:
+            mm = MARK.match(lines[start - 1])
+            if mm:
+                mark = mm.group(1)
+                if mark != "skip":
+                    raise SystemExit(f"{path}:{start}: unknown docs-test marker {mark!r}")
+        text = "\n".join(body) + "\n"
+        if lang == "text" and blocks and blocks[-1][1] in RUN and blocks[-1][4] is None:
+            # expected output: only blank lines since the block before
+            gap = lines[blocks[-1][5]:start]
+            if all(not g.strip() for g in gap):
+                b = blocks[-1]
+                blocks[-1] = (b[0], b[1], b[2], b[3], text, i)
+                continue
+        blocks.append((start + 1, lang, text, mark, None, i))
+    return [b[:5] for b in blocks]
+
+
+def matches(expected, actual):
+    pat = []
+    for line in expected.rstrip("\n").split("\n"):
+        if line.strip() == "...":
+            pat.append(r"(?:[^\n]*\n)*?")
+        else:
+            pat.append(".*?".join(re.escape(p) for p in line.rstrip().split("...")) + r"[ \t]*\n")
+    act = "\n".join(l.rstrip() for l in actual.rstrip("\n").split("\n")) + "\n"
+    return re.fullmatch("".join(pat), act) is not None
+
+
+ENV = dict(os.environ)
+# a fresh Debian root's PATH: no pyenv or other shims of this machine's own
+ENV["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PG_BINDIR = ENV["PG_BINDIR"]
+REPO = ENV["REPO_ROOT"]
+TMP = tempfile.mkdtemp(prefix="docs-test.", dir=os.environ.get("IDEM_TMPDIR") or None)
+os.chmod(TMP, 0o755)
+STATE = os.path.join(TMP, "shell-state")
+open(STATE, "w").close()
+psql_vars = {}
+psql_db = [ENV.get("PGDATABASE", "postgres")]
+groups = []
+
+
+def as_postgres(cmd):
+    return cmd if os.geteuid() != 0 else ["runuser", "-u", "postgres", "--"] + cmd
+
+
+def run_sql(text):
+    script = "".join(f"\\set {k} '{v}'\n" for k, v in psql_vars.items())
+    marker = "--docs-test-variables--"
+    script += text + f"\n\\echo {marker}\n\\echo :DBNAME\n\\set\n"
+    p = subprocess.run(as_postgres(["stdbuf", "-o0", "-e0", os.path.join(PG_BINDIR, "psql"),
+                                    "-X", "-q", "-P", "pager=off", "-d", psql_db[0]]),
+                       input=script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, cwd=REPO, env=ENV, timeout=300)
+    out, _, tail = p.stdout.partition(marker + "\n")
+    if tail:
+        rest = tail.split("\n")
+        psql_db[0] = rest[0]
+        for line in rest[1:]:
+            m = re.match(r"^([a-z_][a-z0-9_]*) = '([^'\\\n]*)'$", line)
+            if m:
+                psql_vars[m.group(1)] = m.group(2)
+    return p.returncode, out
+
+
+def run_sh(text):
+    script = ("set -eo pipefail\n. " + STATE + "\n" + text +
+              "\nfor _v in $(compgen -v | grep -E '^[a-z][a-z0-9_]*$'); do declare -p \"$_v\"; done >"
+              + STATE + ".new\n")
+    # output to a file, not a pipe: a server the block leaves running in the
+    # background keeps it open
+    log = os.path.join(TMP, "shell-%d.out" % len(groups))
+    with open(log, "w") as f:
+        p = subprocess.Popen(["bash", "-c", script], stdout=f, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, cwd=REPO, env=ENV, start_new_session=True)
+    groups.append(p.pid)
+    try:
+        p.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        return 124, open(log).read() + "\n(timed out after 300 s)"
+    out = open(log, encoding="utf-8", errors="replace").read()
+    if p.returncode == 0 and os.path.exists(STATE + ".new"):
+        os.replace(STATE + ".new", STATE)
+    return p.returncode, out
+
+
+def run_ini(text):
+    conf = os.path.join(ENV["IDEM_PGDATA"], "postgresql.conf")
+    with open(conf, "a", encoding="utf-8") as f:
+        f.write("\n# docs-test block\n" + text)
+    env = {k: v for k, v in ENV.items() if not k.startswith("PG")}
+    p = subprocess.run(as_postgres([os.path.join(PG_BINDIR, "pg_ctl"), "restart", "-w", "-t", "60",
+                                    "-D", ENV["IDEM_PGDATA"], "-l", ENV["IDEM_SERVER_LOG"],
+                                    "-o", "-p " + ENV["PGPORT"]]),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/", env=env)
+    out = p.stdout
+    if p.returncode != 0:
+        try:
+            out += "".join(open(ENV["IDEM_SERVER_LOG"], encoding="utf-8", errors="replace")
+                           .readlines()[-15:])
+        except OSError:
+            pass
+        return p.returncode, out
+    return 0, ""
+
+
+def main():
+    path = sys.argv[1]
+    name = "docs (" + os.path.relpath(path, REPO) + ")"
+    blocks = parse(path)
+    total = passed = 0
+    for line, lang, text, mark, expected in blocks:
+        if lang not in RUN:
+            continue
+        where = f"{os.path.relpath(path, REPO)}:{line} ({lang})"
+        if mark == "skip":
+            print(f"skip   {where}")
+            continue
+        total += 1
+        t0 = time.monotonic()
+        if lang == "sql":
+            rc, out = run_sql(text)
+        elif lang == "ini":
+            rc, out = run_ini(text)
+        else:
+            rc, out = run_sh(text)
+        why = None
+        if rc != 0:
+            why = f"exit {rc}"
+        elif "ERROR:" in out and not (expected and "ERROR:" in expected):
+            why = "an ERROR"
+        elif expected is not None and not matches(expected, out):
+            why = "output differs from the text"
+        secs = time.monotonic() - t0
+        if why:
+            print(f"FAILED {where}: {why} ({secs:.1f}s)")
+            print("---- block\n" + text.rstrip("\n"))
+            if expected is not None:
+                print("---- expected\n" + expected.rstrip("\n"))
+            print("---- output\n" + out.rstrip("\n") + "\n----")
+        else:
+            passed += 1
+            print(f"ok     {where} ({secs:.1f}s)")
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    print(f"{name}: {passed} of {total} tests passed.")
+    return 0 if passed == total else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# scripts/docs_test.sh [FILE.md...] -- run every code block of the docs
+#
+# For each Markdown file (default: README.md, docs/*.md, proxy/README.md,
+# examples/*/README.md, in that order) that has blocks to run, a fresh
+# throwaway cluster (scripts/common.sh) set up as a Debian server is: the
+# pg_hba.conf that Debian's postgresql-common writes (peer on the socket,
+# scram-sha-256 on 127.0.0.1), its socket in /var/run/postgresql, both
+# libraries preloaded.  scripts/docs_test.py then runs the file's blocks in
+# order (the convention is in docs/testing.md).  The extension must be
+# installed (scripts/test.sh does it first).
+#
+# Prints one line per block and, last, "docs (examples): N of M tests
+# passed." over all files; exits 1 if a block failed.
+#
+#   bash scripts/docs_test.sh                 (as root)
+#   bash scripts/docs_test.sh docs/reference.md
+set -euo pipefail
+
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+cd "$REPO_ROOT"
+if (($# == 0)); then
+	set -- README.md docs/*.md proxy/README.md examples/*/README.md
+fi
+name="docs (examples)"
+runner=$REPO_ROOT/scripts/docs_test.py
+sockdir=/var/run/postgresql
+passed=0
+total=0
+status=0
+t0=$SECONDS
+
+for f in "$@"; do
+	[[ -f $f ]] || continue
+	# no cluster for a file with nothing to run
+	grep -Eq '^[[:space:]]*```(sql|sh|bash|ini)[[:space:]]*$' "$f" || continue
+	IDEM_QUIET=1 start_cluster >/dev/null
+	if [[ ! -d $sockdir ]]; then
+		install -d -o postgres -g postgres -m 2775 "$sockdir"
+	fi
+	cat >"$IDEM_PGDATA/pg_hba.conf" <<-'EOF'
+		# Debian's default (postgresql-common)
+		local   all             postgres                                peer
+		local   all             all                                     peer
+		host    all             all             127.0.0.1/32            scram-sha-256
+		host    all             all             ::1/128                 scram-sha-256
+	EOF
+	chown postgres: "$IDEM_PGDATA/pg_hba.conf"
+	echo "unix_socket_directories = '$sockdir'" >>"$IDEM_PGDATA/postgresql.conf"
+	as_postgres "$PG_BINDIR/pg_ctl" restart -w -t 60 -D "$IDEM_PGDATA" -l "$IDEM_SERVER_LOG" \
+		-o "-p $PGPORT" >/dev/null || die "the cluster for $f did not restart"
+	out=$IDEM_TMPDIR/docs.out
+	rc=0
+	# PORT: the port an example's HTTP server listens on (docs say 8080)
+	PORT=$(free_port) PGHOST=$sockdir PGUSER=postgres PGDATABASE=postgres PG_BINDIR=$PG_BINDIR REPO_ROOT=$REPO_ROOT \
+		IDEM_PGDATA=$IDEM_PGDATA IDEM_SERVER_LOG=$IDEM_SERVER_LOG IDEM_TMPDIR=$IDEM_TMPDIR \
+		python3 "$runner" "$f" 2>&1 | tee "$out" || rc=$?
+	line=$(tail -n 1 "$out")
+	if [[ $line =~ :\ ([0-9]+)\ of\ ([0-9]+)\ tests\ passed\.$ ]]; then
+		passed=$((passed + BASH_REMATCH[1]))
+		total=$((total + BASH_REMATCH[2]))
+	else
+		total=$((total + 1))
+	fi
+	((rc == 0)) || status=1
+	stop_cluster "$rc"
+done
+
+log "docs blocks run in $((SECONDS - t0))s"
+echo "$name: $passed of $total tests passed."
+exit "$status"
