@@ -19,7 +19,13 @@
 # Debian roots of their own.
 
 IDEM_PG_MAJOR=${IDEM_PG_MAJOR:-15}
-PG_BINDIR=/usr/lib/postgresql/$IDEM_PG_MAJOR/bin
+# A script that scripts/test.sh runs (scripts/docs_test.sh, say) inherits
+# its private copy of PostgreSQL (use_private_pg) through IDEM_PG_PREFIX.
+if [[ -n ${IDEM_PG_PREFIX:-} && -x $IDEM_PG_PREFIX/lib/postgresql/$IDEM_PG_MAJOR/bin/pg_config ]]; then
+	PG_BINDIR=$IDEM_PG_PREFIX/lib/postgresql/$IDEM_PG_MAJOR/bin
+else
+	PG_BINDIR=/usr/lib/postgresql/$IDEM_PG_MAJOR/bin
+fi
 PG_CONFIG=$PG_BINDIR/pg_config
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -182,11 +188,13 @@ build_install() {
 # once (two work trees, say) never load each other's library.  PostgreSQL
 # finds its files relative to its binaries, so the copy's pg_config answers
 # paths inside the copy; the headers are the host's, through a link.
-IDEM_PG_PREFIX=
+# The copy this process made, removed on its exit (not one it inherited).
+IDEM_PG_PREFIX_OWN=
 use_private_pg() {
 	local prefix
 	prefix=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-pg.XXXXXX")
-	IDEM_PG_PREFIX=$prefix
+	IDEM_PG_PREFIX_OWN=$prefix
+	export IDEM_PG_PREFIX=$prefix
 	trap _idem_on_exit EXIT
 	chmod 755 "$prefix"
 	mkdir -p "$prefix/lib/postgresql" "$prefix/share/postgresql" "$prefix/include"
@@ -336,8 +344,8 @@ _idem_on_exit() {
 	trap - EXIT
 	trap '' INT TERM HUP
 	stop_cluster "$status" || true
-	if [[ -n $IDEM_PG_PREFIX && -d $IDEM_PG_PREFIX ]]; then
-		rm -rf "$IDEM_PG_PREFIX"
+	if [[ -n $IDEM_PG_PREFIX_OWN && -d $IDEM_PG_PREFIX_OWN ]]; then
+		rm -rf "$IDEM_PG_PREFIX_OWN"
 	fi
 	exit "$status"
 }
