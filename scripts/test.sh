@@ -122,6 +122,9 @@ run_tap() {
 	log "$name"
 	mkdir -p "$copy"
 	cp -r "$REPO_ROOT/Makefile" "$REPO_ROOT/t" "$REPO_ROOT/monitoring" "$copy/"
+	# the SQL fixtures the tests share (IdemTest::sql_fixture)
+	mkdir -p "$copy/sql"
+	cp -r "$REPO_ROOT/sql/include" "$copy/sql/"
 	chown -R postgres "$copy"
 	v10=$(build_v10_library || true)
 	[[ -n $v10 ]] || log "no 1.0 library built: t/012_upgrade.pl skips its 1.0-library session"

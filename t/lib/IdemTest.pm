@@ -3,7 +3,8 @@
 # Helpers shared by the TAP tests t/002_*.pl onwards: a throwaway cluster on
 # 127.0.0.1 set up as scripts/common.sh does it (pg_cron preloaded), the
 # SQLSTATE of a failed psql call, polling a server that is coming back from
-# a crash, a millisecond clock, and windows (ttls, leases, pauses) sized from
+# a crash, the SQL fixtures the tests share (sql/include: the README's
+# grants, the SQLSTATE helper), a millisecond clock, and windows (ttls, leases, pauses) sized from
 # how fast the machine was measured to be.
 
 package IdemTest;
@@ -12,12 +13,13 @@ use strict;
 use warnings;
 
 use Exporter 'import';
+use File::Basename ();
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Time::HiRes ();
 
 our @EXPORT = qw(idem_node sqlstate_of_psql poll_query_back now_ms
-  window_secs);
+  window_secs sql_fixture);
 
 # idem_node(NAME, EXTRA_CONF): a started node on 127.0.0.1 with pg_cron
 # preloaded and the extension created in database postgres.
@@ -76,6 +78,20 @@ sub poll_query_back
 		Time::HiRes::usleep(100_000);
 	}
 	return 0;
+}
+
+# sql_fixture(FILE, VAR => VALUE...): the text of sql/include/FILE, the
+# fixture sql/*.sql include with \i, preceded by a psql \set of each VAR
+# (as app_role => 'idem_app' for the README's grants), to be run by psql.
+sub sql_fixture
+{
+	my ($file, %vars) = @_;
+	my $path = File::Basename::dirname(__FILE__) . "/../../sql/include/$file";
+	open my $fh, '<', $path or die "$path: $!";
+	local $/;
+	my $text = <$fh>;
+	close $fh;
+	return join('', map { "\\set $_ $vars{$_}\n" } sort keys %vars) . $text;
 }
 
 sub now_ms
