@@ -27,7 +27,9 @@ rm -rf results output_iso regression.diffs regression.out
 
 # The two suites run as two make calls, so that a regression failure does not
 # keep the isolation tests from running (one make installcheck stops at the
-# first failing command).
+# first failing command).  They run against this cluster (TEMP_INSTANCE=
+# leaves out the Makefile's --temp-instance), as root, and without a server
+# start of their own each.
 status=0
 summary=$IDEM_TMPDIR/summary.txt  # removed with the cluster
 # What failed, in a few lines per suite, printed again at the very end (after
@@ -85,12 +87,12 @@ run_suite() {
 	fi
 }
 if compgen -G 'sql/*.sql' >/dev/null; then
-	run_suite "regression (pg_regress)" ISOLATION= TAP_TESTS=
+	run_suite "regression (pg_regress)" ISOLATION= TAP_TESTS= TEMP_INSTANCE=
 else
 	echo "regression (pg_regress): no tests in sql/" | tee -a "$summary"
 fi
 if compgen -G 'specs/*.spec' >/dev/null; then
-	run_suite "isolation (pg_isolation_regress)" REGRESS= TAP_TESTS=
+	run_suite "isolation (pg_isolation_regress)" REGRESS= TAP_TESTS= TEMP_INSTANCE=
 else
 	echo "isolation (pg_isolation_regress): no tests in specs/" | tee -a "$summary"
 fi
