@@ -33,6 +33,24 @@ log_min_messages = log
 });
 $node->start;
 
+# live_replays(DB, TABLE): retry every key of TABLE (key, expires_at, the
+# records as they were made) with request {"n": 1}; return how many of
+# them are still live once all the retries have run, and how many of those
+# replayed a 201.  A record that expired meanwhile is claimed afresh, as it
+# should be, and is left out of both.
+sub live_replays
+{
+	my ($db, $table) = @_;
+	return split /\|/, $node->safe_psql(
+		$db, qq{
+CREATE TEMP TABLE live_check AS
+    SELECT k.expires_at, a.outcome, a.response_status
+      FROM $table k, idempotency.idem_acquire(k.key, '{"n": 1}') a;
+SELECT count(*),
+       count(*) FILTER (WHERE outcome = 'replay' AND response_status = 201)
+  FROM live_check WHERE expires_at > clock_timestamp()});
+}
+
 # ------------------------------------------------------------------
 # A real pg_cron run.  Partitions of 10 s, records of 1 s (their partition
 # ends within 20 s) and of 3 minutes (live long after the job has run).
@@ -100,14 +118,7 @@ foreach my $part (split /,/, $short_parts)
 # The check is on the records still live when it has run: the job runs
 # on the minute, and on a slow machine the wait for it can outlast some of
 # the 3-minute records (each then claimed afresh, as it should be).
-my ($live, $replayed) = split /\|/, $node->safe_psql(
-	'postgres', q{
-CREATE TEMP TABLE long_check AS
-    SELECT k.expires_at, a.outcome, a.response_status
-      FROM long_keys k, idempotency.idem_acquire(k.key, '{"n": 1}') a;
-SELECT count(*),
-       count(*) FILTER (WHERE outcome = 'replay' AND response_status = 201)
-  FROM long_check WHERE expires_at > clock_timestamp()});
+my ($live, $replayed) = live_replays('postgres', 'long_keys');
 cmp_ok($live, '>', 0, "records are still live after the job ($live of 20)");
 is($replayed, $live, 'every one still live replays after the job');
 is( $node->safe_psql(
@@ -303,14 +314,7 @@ is($node->safe_psql('catchup', 'SELECT count(*) FROM idempotency.records_default
 	'0', 'DEFAULT is empty after catch-up');
 # on the records still live once the replays have run (all 50 unless the
 # machine slowed down further since the steps were measured)
-($live, $replayed) = split /\|/, $node->safe_psql(
-	'catchup', q{
-CREATE TEMP TABLE c_check AS
-    SELECT k.expires_at, a.outcome, a.response_status
-      FROM c_keys k, idempotency.idem_acquire(k.key, '{"n": 1}') a;
-SELECT count(*),
-       count(*) FILTER (WHERE outcome = 'replay' AND response_status = 201)
-  FROM c_check WHERE expires_at > clock_timestamp()});
+($live, $replayed) = live_replays('catchup', 'c_keys');
 cmp_ok($live, '>', 0, "records are still live after catch-up ($live of 50)");
 is($replayed, $live, 'every live record survived catch-up and replays');
 is( $node->safe_psql(
