@@ -1,9 +1,15 @@
 # contrib-style PGXS Makefile for the idempotency extension
 #
 # make && make install        build and install into the pg_config found on PATH
-# make installcheck           pg_regress (sql/) and isolation (specs/) tests
-#                             against the server named by PGHOST/PGPORT,
-#                             then the TAP tests (t/) on clusters of their own
+# make installcheck           pg_regress (sql/) and isolation (specs/) tests,
+#                             each on a server of its own set up by
+#                             regress.conf, then the TAP tests (t/) on
+#                             clusters of their own; not as root (initdb
+#                             refuses), and with pg_cron installed
+# make installcheck TEMP_INSTANCE=
+#                             the same against the server named by
+#                             PGHOST/PGPORT, which must have regress.conf's
+#                             settings
 # scripts/test.sh             the whole suite on a throwaway cluster (what CI runs)
 
 MODULE_big = idempotency
@@ -23,6 +29,16 @@ PGFILEDESC = "idempotency - exactly-once write endpoints from SQL"
 # Test files run in name order; their numeric prefixes give that order.
 REGRESS = $(sort $(basename $(notdir $(wildcard sql/*.sql))))
 ISOLATION = $(sort $(basename $(notdir $(wildcard specs/*.spec))))
+# A server of their own for each, on a socket in a temporary folder, with
+# the libraries preloaded (as pg_cron and pg_stat_statements do); with
+# TEMP_INSTANCE= (empty) the server of PGHOST/PGPORT instead.
+TEMP_INSTANCE = yes
+ifneq ($(TEMP_INSTANCE),)
+REGRESS_OPTS = --temp-instance=./tmp_check --temp-config=./regress.conf \
+	--no-locale --encoding=UTF8
+ISOLATION_OPTS = --temp-instance=./tmp_check_iso --temp-config=./regress.conf \
+	--no-locale --encoding=UTF8
+endif
 # t/*.pl start clusters of their own (pg_cron runs, load, restarts); they
 # need IPC::Run and must not run as root
 TAP_TESTS = 1

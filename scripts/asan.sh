@@ -222,8 +222,8 @@ run_suite() {
 	done
 	return 0
 }
-run_suite "regression (pg_regress)" ISOLATION=
-run_suite "isolation (pg_isolation_regress)" REGRESS=
+run_suite "regression (pg_regress)" ISOLATION= TEMP_INSTANCE=
+run_suite "isolation (pg_isolation_regress)" REGRESS= TEMP_INSTANCE=
 
 # ------------------------------------------------------------------
 # 5. the verdict

@@ -262,20 +262,15 @@ start_cluster() {
 	IDEM_QUIET=1 run_step initdb as_postgres "$PG_BINDIR/initdb" -D "$IDEM_PGDATA" \
 		--auth=trust --username=postgres --encoding=UTF8 --locale="$locale" --no-sync
 
+	# the settings the tests need (regress.conf, which make installcheck's
+	# own servers have too), on 127.0.0.1 and a socket of its own
 	cat >>"$IDEM_PGDATA/postgresql.conf" <<-EOF
 
 		# throwaway cluster of scripts/common.sh
 		listen_addresses = '127.0.0.1'
 		unix_socket_directories = '$IDEM_TMPDIR/socket'
-		shared_preload_libraries = 'pg_cron,idempotency'
-		cron.database_name = 'postgres'
-		max_connections = 100
-		# room for the filters of every partition the tests make, each
-		# big enough that the 100,000 tokens of sql/17 leave its false
-		# positives at about one in a million (sql/18 counts descents)
-		idempotency.filters = 64
-		idempotency.filter_size = 1MB
 	EOF
+	cat "$REPO_ROOT/regress.conf" >>"$IDEM_PGDATA/postgresql.conf"
 	if [[ $mode == fast ]]; then
 		cat >>"$IDEM_PGDATA/postgresql.conf" <<-EOF
 			fsync = off

@@ -35,7 +35,9 @@ rm -rf results output_iso regression.diffs regression.out
 
 # The two suites run as two make calls, so that a regression failure does not
 # keep the isolation tests from running (one make installcheck stops at the
-# first failing command).
+# first failing command).  They run against this cluster (TEMP_INSTANCE=
+# leaves out the Makefile's --temp-instance), as root, and without a server
+# start of their own each.
 status=0
 summary=$IDEM_TMPDIR/summary.txt  # removed with the cluster
 # What failed, in a few lines per suite, printed again at the very end (after
@@ -44,17 +46,28 @@ failures=''
 # note_failures NAME OUT: the lines of a failed suite's OUT that say what
 # failed (pg_regress's FAILED or "not ok" lines, prove's failed tests, the
 # line a test died at and its summary report), at most 40, each prefixed
-# with the major and NAME
+# with the major and NAME, and a TAP test's lines with the file they came
+# from: the one they name ("at t/021_proxy_grow.pl line 80"), else the one
+# whose header ("t/021_proxy_grow.pl .. ") they follow.  That holds because
+# prove runs with --merge (run_tap): without it a test's standard error (its
+# diagnostics, its die) passes prove by and lands under the header of the
+# file before it.
 note_failures() {
 	local name="[pg$IDEM_PG_MAJOR] $1" out=$2 lines
 	lines=$(awk -v name="$name" '
-		/^t\/[0-9]+_[A-Za-z0-9_]+\.pl \.\.+/ { file = $1 " " }
+		/^t\/[0-9]+_[A-Za-z0-9_]+\.pl \.\.+/ { file = $1; next }
 		/^Test Summary Report/ { report = 1 }
 		/^Files=[0-9]+, Tests=/ { report = 0; file = "" }
 		/^-+$/ { next }
 		report || /^not ok|^# +Failed test|^# +Looks like| at t\/[^ ]+\.pl line [0-9]+|timed out|Bail|BAIL|\.\.\. FAILED/ {
-			if (!report && $0 !~ /^t\//)
-				$0 = file $0
+			if (!report && $0 !~ /^t\//) {
+				from = file
+				if (match($0, / at t\/[0-9]+_[A-Za-z0-9_]+\.pl line [0-9]+/))
+					from = substr($0, RSTART + 4, RLENGTH - 4)
+				sub(/ line [0-9]+$/, "", from)
+				if (from != "")
+					$0 = from " " $0
+			}
 			print name ": " $0
 		}' "$out" | head -n 40 || true)
 	if [[ -n $lines ]]; then
@@ -82,12 +95,12 @@ run_suite() {
 	fi
 }
 if compgen -G 'sql/*.sql' >/dev/null; then
-	run_suite "regression (pg_regress)" ISOLATION= TAP_TESTS=
+	run_suite "regression (pg_regress)" ISOLATION= TAP_TESTS= TEMP_INSTANCE=
 else
 	echo "regression (pg_regress): no tests in sql/" | tee -a "$summary"
 fi
 if compgen -G 'specs/*.spec' >/dev/null; then
-	run_suite "isolation (pg_isolation_regress)" REGRESS= TAP_TESTS=
+	run_suite "isolation (pg_isolation_regress)" REGRESS= TAP_TESTS= TEMP_INSTANCE=
 else
 	echo "isolation (pg_isolation_regress): no tests in specs/" | tee -a "$summary"
 fi
@@ -119,18 +132,26 @@ run_tap() {
 	log "$name"
 	mkdir -p "$copy"
 	cp -r "$REPO_ROOT/Makefile" "$REPO_ROOT/t" "$REPO_ROOT/monitoring" "$copy/"
+	# the SQL fixtures the tests share (IdemTest::sql_fixture)
+	mkdir -p "$copy/sql"
+	cp -r "$REPO_ROOT/sql/include" "$copy/sql/"
 	chown -R postgres "$copy"
 	v10=$(build_v10_library || true)
 	[[ -n $v10 ]] || log "no 1.0 library built: t/012_upgrade.pl skips its 1.0-library session"
 	out=$IDEM_TMPDIR/tap.out
 	(cd "$copy" && runuser -u postgres -- env -u PGHOST -u PGPORT -u PGUSER -u PGDATABASE \
 		IDEM_V10_LIBRARY="$v10" make --no-print-directory installcheck PG_CONFIG="$PG_CONFIG" REGRESS= ISOLATION= \
-		PROVE_FLAGS=--verbose) 2>&1 | tee "$out" || rc=$?
+		PROVE_FLAGS='--verbose --merge') 2>&1 | tee "$out" || rc=$?
 	if ((rc != 0)); then
 		status=1
 		note_failures "$name" "$out"
-		# a test's own errors (a die, a failed safe_psql) are in its log only
-		for f in $(sed -nE 's/^t\/([0-9]+_[A-Za-z0-9_]+)\.pl +\(Wstat.*/\1/p' "$out" | head -n 5); do
+		# The files that failed, from prove's summary report; a test's own
+		# errors (a die, a failed safe_psql) are in its log only.  Only
+		# their logs are printed: the test's own (regress_log_NNN_name)
+		# and its servers' (NNN_name_NODE.log).
+		local failed log_file
+		failed=$(sed -nE 's/^t\/([0-9]+_[A-Za-z0-9_]+)\.pl +\(Wstat.*/\1/p' "$out")
+		for f in $(head -n 5 <<<"$failed"); do
 			[[ -f $copy/tmp_check/log/regress_log_$f ]] || continue
 			errs=$(grep -E 'error running SQL|ERROR: | at t/[^ ]+\.pl line [0-9]+|timed out|Failed test|BAIL' \
 				"$copy/tmp_check/log/regress_log_$f" | tail -n 8 || true)
@@ -138,10 +159,12 @@ run_tap() {
 				failures+=$(sed "s/^/[pg$IDEM_PG_MAJOR] $name: regress_log_$f: /" <<<"$errs")$'\n'
 			fi
 		done
-		for f in "$copy"/tmp_check/log/*; do
-			[[ -f $f ]] || continue
-			echo "======== $(basename "$f") (last 60 lines) ========"
-			tail -n 60 "$f"
+		for f in $failed; do
+			for log_file in "$copy/tmp_check/log/regress_log_$f" "$copy/tmp_check/log/${f}"_*.log; do
+				[[ -f $log_file ]] || continue
+				echo "======== $(basename "$log_file") (last 60 lines) ========"
+				tail -n 60 "$log_file"
+			done
 		done
 	fi
 	if grep -Eq '^Files=[0-9]+, Tests=[0-9]+' "$out"; then

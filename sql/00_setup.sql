@@ -5,17 +5,7 @@ CREATE EXTENSION idempotency;
 CREATE EXTENSION pgcrypto;		-- for the hash comparison in 04_lookup_hash
 
 -- Test helper: run a statement, return 'ok' or the SQLSTATE it raised.
--- (The statement runs in a subtransaction; anything it wrote before failing
--- is rolled back, so callers also compare the records before and after.)
-CREATE FUNCTION public.sqlstate_of(stmt text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE stmt;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE;
-END
-$$;
+\i sql/include/sqlstate_of.sql
 
 -- Test helper: a fingerprint of every stored record, every column included.
 CREATE FUNCTION public.records_fingerprint() RETURNS text

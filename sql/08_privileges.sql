@@ -10,6 +10,7 @@ SET client_min_messages = warning;
 DROP ROLE IF EXISTS regress_idem_app;
 RESET client_min_messages;
 CREATE ROLE regress_idem_app;
+\set app_role regress_idem_app
 
 CREATE TEMP VIEW api_calls (n, what, call) AS VALUES
     (1, 'idem_acquire', $$SELECT * FROM idempotency.idem_acquire('p-1', '{"a": 1}')$$),
@@ -32,8 +33,11 @@ SET ROLE regress_idem_app;
 SELECT what, public.sqlstate_of(call) FROM api_calls ORDER BY n;
 RESET ROLE;
 
--- 2. only USAGE on the schema
-GRANT USAGE ON SCHEMA idempotency TO regress_idem_app;
+-- 2. only USAGE on the schema: the README's grants less the functions and
+-- the table
+\i sql/include/readme_grants.sql
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA idempotency FROM regress_idem_app;
+REVOKE ALL ON idempotency.records FROM regress_idem_app;
 SET ROLE regress_idem_app;
 SELECT what, public.sqlstate_of(call) FROM api_calls ORDER BY n;
 RESET ROLE;
@@ -41,21 +45,15 @@ RESET ROLE;
 -- 3. USAGE and EXECUTE, but no table privileges: idem_request_hash works,
 -- everything that touches the records does not (and the maintenance
 -- functions are not among the grants)
-GRANT EXECUTE ON FUNCTION
-    idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean),
-    idempotency.idem_complete(text, int, jsonb, text, int, uuid),
-    idempotency.idem_release(text, text, int, uuid),
-    idempotency.idem_extend(text, text, uuid, interval),
-    idempotency.idem_lookup(text, text),
-    idempotency.idem_request_hash(jsonb)
-    TO regress_idem_app;
+\i sql/include/readme_grants.sql
+REVOKE ALL ON idempotency.records FROM regress_idem_app;
 SET ROLE regress_idem_app;
 SELECT what, public.sqlstate_of(call) FROM api_calls ORDER BY n;
 RESET ROLE;
 SELECT pg_catalog.count(*) FROM idempotency.idem_lookup('p-1');	-- nothing was written
 
 -- 4. exactly the grants of README.md: the API works
-GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.records TO regress_idem_app;
+\i sql/include/readme_grants.sql
 SET ROLE regress_idem_app;
 SELECT outcome, attempt FROM idempotency.idem_acquire('p-1', '{"a": 1}');
 SELECT outcome FROM idempotency.idem_acquire('p-1', '{"a": 1}');	-- in_progress

@@ -15,25 +15,10 @@ CREATE ROLE regress_idem_upgrade_app;
 
 \c regress_idem_v10
 CREATE EXTENSION idempotency VERSION '1.0';
-CREATE FUNCTION public.sqlstate_of(stmt text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE stmt;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE;
-END
-$$;
+\i sql/include/sqlstate_of.sql
 -- the README's 1.0 grants
-GRANT USAGE ON SCHEMA idempotency TO regress_idem_upgrade_app;
-GRANT EXECUTE ON FUNCTION
-    idempotency.idem_acquire(text, jsonb, text, interval, interval),
-    idempotency.idem_complete(text, int, jsonb, text, int),
-    idempotency.idem_release(text, text, int),
-    idempotency.idem_lookup(text, text),
-    idempotency.idem_request_hash(jsonb)
-    TO regress_idem_upgrade_app;
-GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.records TO regress_idem_upgrade_app;
+\set app_role regress_idem_upgrade_app
+\i sql/include/readme_grants_1_0.sql
 
 -- At 1.0 the 1.1 library answers exactly as 1.0 did: five columns, nine
 -- from idem_lookup, and the table has no 1.1 columns to write.
@@ -162,15 +147,7 @@ SELECT pg_catalog.string_agg(kind || ': ' || object || ' ' || initprivs, E'\n' O
 \c regress_idem_v11
 CREATE EXTENSION idempotency;
 -- the README's 1.1 grants
-GRANT USAGE ON SCHEMA idempotency TO regress_idem_upgrade_app;
-GRANT EXECUTE ON FUNCTION
-    idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean),
-    idempotency.idem_complete(text, int, jsonb, text, int, uuid),
-    idempotency.idem_release(text, text, int, uuid),
-    idempotency.idem_extend(text, text, uuid, interval),
-    idempotency.idem_lookup(text, text),
-    idempotency.idem_request_hash(jsonb)
-    TO regress_idem_upgrade_app;
+\i sql/include/readme_grants.sql
 CREATE TEMP VIEW ext_objects AS :viewdef
 SELECT pg_catalog.string_agg(kind || ': ' || object || ' ' || initprivs, E'\n' ORDER BY kind, object) AS fresh
   FROM ext_objects \gset

@@ -26,7 +26,25 @@ use Time::HiRes qw(time usleep);
 
 my $node = idem_node('lease', "log_statement = none\n");
 
-my $lease = 2;    # seconds
+# The leases must still run when the first retry starts, a few psql calls
+# (and in C a restart) after the claim: each is the lease the test was
+# written with (2 s for A and B, 3 s for C, 1 s for D), or a multiple of
+# what those steps were measured to take here where that is longer.
+my $call = 0;    # seconds: the longest of three psql calls
+for (1 .. 3)
+{
+	my $t = time;
+	$node->safe_psql('postgres', 'SELECT 1');
+	$call = time - $t if time - $t > $call;
+}
+my $t_restart = time;
+$node->restart;
+my $restart = time - $t_restart;
+my $lease = window_secs(8 * $call, 1, 2);    # seconds
+my $lease_crash = window_secs(3 * ($restart + 3 * $call), 1, 3);
+my $lease_wait = window_secs(6 * $call, 1, 1);
+note sprintf('a psql call takes %.2f s, a restart %.1f s: leases of %d s, %d s (crash), %d s (wait)',
+	$call, $restart, $lease, $lease_crash, $lease_wait);
 
 # claim KEY in a session of its own with a lease, committed; return the
 # session, its backend pid, and the record's locked_until and expires_at
@@ -134,7 +152,7 @@ sub late_caller_refused
 
 # C. the server crashes while the claim is out
 {
-	my ($s, $pid, $locked_until, $expires_at) = claim('lease-crash', 3);
+	my ($s, $pid, $locked_until, $expires_at) = claim('lease-crash', $lease_crash);
 	$node->stop('immediate');
 	eval { $s->quit };
 	$node->start;
@@ -148,7 +166,7 @@ sub late_caller_refused
 
 # D. a retry that waits longer than the lease left
 {
-	my ($s, $pid, $locked_until, $expires_at) = claim('lease-wait', 1);
+	my ($s, $pid, $locked_until, $expires_at) = claim('lease-wait', $lease_wait);
 	$s->quit;
 	my $r = $node->safe_psql(
 		'postgres', qq{

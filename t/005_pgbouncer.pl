@@ -119,15 +119,7 @@ $node->safe_psql(
 	'postgres', q{
 CREATE TABLE px_results (run text, step int, result text, backend int);
 CREATE TABLE biz (id bigserial PRIMARY KEY, key text NOT NULL, client int, backend int);
-CREATE FUNCTION px_state(stmt text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE stmt;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE;
-END
-$$;
-});
+} . sql_fixture('sqlstate_of.sql'));
 
 # step NUM SQL: record SQL's one-row, one-column answer as step NUM
 my (@steps, @step_sql);
@@ -180,13 +172,13 @@ step(qq{SELECT $A FROM idempotency.idem_acquire((:run)::text || '-k2', '{"amount
 step(qq{SELECT $A FROM idempotency.idem_acquire((:run)::text || '-k3', '{"amount": 7}', lease => '1 second') a});
 raw('\sleep 1100 ms');
 step(qq{SELECT $A FROM idempotency.idem_acquire((:run)::text || '-k3', '{"amount": 7}') a});      # acquired 2
-step(q{SELECT px_state(format('SELECT idempotency.idem_complete(%L, 201, NULL, attempt => 1)', (:run)::text || '-k3'))}); # 55000
+step(q{SELECT public.sqlstate_of(format('SELECT idempotency.idem_complete(%L, 201, NULL, attempt => 1)', (:run)::text || '-k3'))}); # 55000
 step(q{SELECT idempotency.idem_complete((:run)::text || '-k3', 201, '{"id": 3}', attempt => 2)::text});
 step(qq{SELECT $A FROM idempotency.idem_acquire((:run)::text || '-k3', '{"amount": 7}') a});      # replay, attempt 2
 # errors
-step(q{SELECT px_state(format('SELECT idempotency.idem_complete(%L, 201)', (:run)::text || '-none'))});   # P0002
-step(q{SELECT px_state($$SELECT * FROM idempotency.idem_acquire('', '{}')$$)});             # 22023
-step(q{SELECT px_state($$SELECT idempotency.idem_complete('x', 99)$$)});                    # 22023
+step(q{SELECT public.sqlstate_of(format('SELECT idempotency.idem_complete(%L, 201)', (:run)::text || '-none'))});   # P0002
+step(q{SELECT public.sqlstate_of($$SELECT * FROM idempotency.idem_acquire('', '{}')$$)});             # 22023
+step(q{SELECT public.sqlstate_of($$SELECT idempotency.idem_complete('x', 99)$$)});                    # 22023
 # the hash
 step(q{SELECT (idempotency.idem_request_hash('{"b": 1, "a": [1, 2]}') = sha256(convert_to('{"a": [1, 2], "b": 1}', 'UTF8')))::text});
 

@@ -69,7 +69,8 @@ SELECT count(DISTINCT key) FROM fuzz_cases
 # ---------------------------------------------------------------------
 # the driver
 # ---------------------------------------------------------------------
-$node->safe_psql('postgres', slurp_file("$FindBin::RealBin/lib/fuzz_driver.sql"));
+$node->safe_psql('postgres',
+	sql_fixture('sqlstate_of.sql') . slurp_file("$FindBin::RealBin/lib/fuzz_driver.sql"));
 
 my ($ret, $out, $err) = $node->psql(
 	'postgres', qq{
@@ -114,15 +115,15 @@ is( $node->safe_psql(
 		'postgres', q{
 SET idempotency.wait_timeout = 0;
 SET idempotency.default_ttl = '8d';	-- above max_ttl (7d)
-SELECT public.fz_state($$SELECT * FROM idempotency.idem_acquire('g-1')$$);
+SELECT public.sqlstate_of($$SELECT * FROM idempotency.idem_acquire('g-1')$$);
 SET idempotency.default_ttl = '7d';
-SELECT public.fz_state($$SELECT * FROM idempotency.idem_acquire('g-2')$$);
+SELECT public.sqlstate_of($$SELECT * FROM idempotency.idem_acquire('g-2')$$);
 SET idempotency.default_lease = '1h';
 SELECT extract(epoch FROM locked_until - created_at)
   FROM idempotency.idem_acquire('g-3', ttl => '10 seconds'), idempotency.idem_lookup('g-3');
 SET idempotency.max_ttl = '1s';
-SELECT public.fz_state($$SELECT * FROM idempotency.idem_acquire('g-4', ttl => '2 seconds')$$);
-SELECT public.fz_state($$SELECT * FROM idempotency.idem_acquire('g-5', ttl => '1 second')$$);
+SELECT public.sqlstate_of($$SELECT * FROM idempotency.idem_acquire('g-4', ttl => '2 seconds')$$);
+SELECT public.sqlstate_of($$SELECT * FROM idempotency.idem_acquire('g-5', ttl => '1 second')$$);
 }),
 	"22023\nok\n10.000000\n22023\nok",
 	'default_ttl above max_ttl: 22023; default_lease is capped at the ttl; a lowered max_ttl is enforced');
@@ -135,12 +136,12 @@ CREATE TEMP TABLE big_bodies (b jsonb);
 INSERT INTO big_bodies SELECT jsonb_build_object('p', repeat('ab', 800000));
 SELECT pg_column_size(b) < 1048576, octet_length(b::text) > 1048576 FROM big_bodies;
 SELECT outcome FROM idempotency.idem_acquire('g-compressed');
-SELECT public.fz_state($$SELECT idempotency.idem_complete('g-compressed', 200, (SELECT b FROM big_bodies))$$);
+SELECT public.sqlstate_of($$SELECT idempotency.idem_complete('g-compressed', 200, (SELECT b FROM big_bodies))$$);
 SELECT octet_length(response_body::text) FROM idempotency.idem_acquire('g-compressed');
 -- the default 1MB limit, uncompressed, just under and just over
 SELECT outcome FROM idempotency.idem_acquire('g-1mb');
-SELECT public.fz_state(format($$SELECT idempotency.idem_complete('g-1mb', 200, jsonb_build_object('p', repeat('x', %s)))$$, 1048576 - 17 + 1));
-SELECT public.fz_state(format($$SELECT idempotency.idem_complete('g-1mb', 200, jsonb_build_object('p', repeat('x', %s)))$$, 1048576 - 17));
+SELECT public.sqlstate_of(format($$SELECT idempotency.idem_complete('g-1mb', 200, jsonb_build_object('p', repeat('x', %s)))$$, 1048576 - 17 + 1));
+SELECT public.sqlstate_of(format($$SELECT idempotency.idem_complete('g-1mb', 200, jsonb_build_object('p', repeat('x', %s)))$$, 1048576 - 17));
 SELECT pg_column_size(response_body) FROM idempotency.idem_lookup('g-1mb');
 }),
 	"t|t\nacquired\nok\n1600009\nacquired\n54000\nok\n1048576",

@@ -11,28 +11,43 @@
 use strict;
 use warnings;
 
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use IdemTest;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(usleep);
+use Time::HiRes qw(time usleep);
 
 $PostgreSQL::Test::Cluster::use_tcp = 1;
 $PostgreSQL::Test::Cluster::test_pghost = '127.0.0.1';
 
-# Short partitions and ttls, so that claims reach DEFAULT within seconds.
-my $settings = q{
-ALTER DATABASE postgres SET idempotency.partition_interval = '2s';
-ALTER DATABASE postgres SET idempotency.max_ttl = '30s';
-ALTER DATABASE postgres SET idempotency.default_ttl = '20s';
-ALTER DATABASE postgres SET idempotency.default_lease = '20s';
-};
-
+# The set-up of the two clusters is timed: the windows below are multiples
+# of it.
+my $t_setup = time;
 my $pub = PostgreSQL::Test::Cluster->new('publisher');
 $pub->init(allows_streaming => 'logical');
 $pub->start;
 my $sub = PostgreSQL::Test::Cluster->new('subscriber');
 $sub->init;
 $sub->start;
+my $setup_secs = time - $t_setup;
+
+# Short partitions, so that claims reach DEFAULT within seconds.  Records
+# live $max_ttl (30 s, or 6 times the set-up where that is longer): each
+# record must outlive the replication and the checks that follow its claim.
+# A claim lands in DEFAULT once the partitions made ahead end less than
+# $max_ttl from now, which takes 5 s whatever $max_ttl is.
+my $max_ttl = window_secs($setup_secs, 6, 30);
+my $default_ttl = $max_ttl - 10;
+my $lease = $max_ttl - 5;
+note sprintf('set-up took %.1f s: max_ttl %d s', $setup_secs, $max_ttl);
+my $settings = qq{
+ALTER DATABASE postgres SET idempotency.partition_interval = '2s';
+ALTER DATABASE postgres SET idempotency.max_ttl = '${max_ttl}s';
+ALTER DATABASE postgres SET idempotency.default_ttl = '${default_ttl}s';
+ALTER DATABASE postgres SET idempotency.default_lease = '${default_ttl}s';
+};
 
 foreach my $node ($pub, $sub)
 {
@@ -102,15 +117,15 @@ is(lookup($sub, 'taken'), 'processing||2',
 # Records that wait in DEFAULT while maintenance is stopped, then are moved
 # into a new partition by idem_maintain().
 # ------------------------------------------------------------------
-$pub->poll_query_until('postgres', q{
-SELECT max(range_end) < clock_timestamp() + interval '25s'
+$pub->poll_query_until('postgres', qq{
+SELECT max(range_end) < clock_timestamp() + interval '${lease}s'
   FROM idempotency.partitions WHERE NOT is_default})
   or die 'the partitions made ahead did not run out';
 
-$out = $pub->safe_psql('postgres', q{
-SELECT outcome FROM idempotency.idem_acquire('moved-1', '{"n": 1}', 'lr', ttl => '30s');
+$out = $pub->safe_psql('postgres', qq{
+SELECT outcome FROM idempotency.idem_acquire('moved-1', '{"n": 1}', 'lr', ttl => '${max_ttl}s');
 SELECT idempotency.idem_complete('moved-1', 201, '{"charge": "ch_1"}', 'lr');
-SELECT outcome FROM idempotency.idem_acquire('moved-2', '{"n": 2}', 'lr', ttl => '30s', lease => '25s');
+SELECT outcome FROM idempotency.idem_acquire('moved-2', '{"n": 2}', 'lr', ttl => '${max_ttl}s', lease => '${lease}s');
 SELECT count(*) FROM idempotency.records_default WHERE scope = 'lr';
 });
 is($out, "acquired\nt\nacquired\n2", 'two records wait in DEFAULT');

@@ -37,32 +37,12 @@ my $node = idem_node('upgrade', "log_statement = none\n");
 my $v10 = $ENV{IDEM_V10_LIBRARY};
 $v10 = undef unless defined $v10 && -f $v10;
 
-my $grants_10 = q{
-GRANT USAGE ON SCHEMA idempotency TO idem_app;
-GRANT EXECUTE ON FUNCTION
-    idempotency.idem_acquire(text, jsonb, text, interval, interval),
-    idempotency.idem_complete(text, int, jsonb, text, int),
-    idempotency.idem_release(text, text, int),
-    idempotency.idem_lookup(text, text),
-    idempotency.idem_request_hash(jsonb)
-    TO idem_app;
-GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.records TO idem_app;
-};
-my $grants_11 = q{
-GRANT USAGE ON SCHEMA idempotency TO idem_app;
-GRANT EXECUTE ON FUNCTION
-    idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean),
-    idempotency.idem_complete(text, int, jsonb, text, int, uuid),
-    idempotency.idem_release(text, text, int, uuid),
-    idempotency.idem_extend(text, text, uuid, interval),
-    idempotency.idem_lookup(text, text),
-    idempotency.idem_request_hash(jsonb)
-    TO idem_app;
-GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.records TO idem_app;
-};
+# the README's grants at 1.0 and at 1.1 (sql/include)
+my $grants_10 = sql_fixture('readme_grants_1_0.sql', app_role => 'idem_app');
+my $grants_11 = sql_fixture('readme_grants.sql', app_role => 'idem_app');
 
 $node->safe_psql('postgres', 'CREATE ROLE idem_app LOGIN; CREATE DATABASE up; CREATE DATABASE fresh');
-$node->safe_psql('up', "CREATE EXTENSION idempotency VERSION '1.0'; $grants_10");
+$node->safe_psql('up', "CREATE EXTENSION idempotency VERSION '1.0';\n$grants_10");
 
 # The extension's C functions use a copy of the library that the test may
 # replace, the 1.0 build where there is one.
@@ -218,7 +198,7 @@ SELECT outcome FROM idempotency.idem_acquire('up-app-sb', session_bound => true)
 # the same objects as a fresh 1.1 install with the README's grants
 $node->safe_psql('up', q{UPDATE pg_catalog.pg_proc SET probin = '$libdir/idempotency'
                           WHERE pronamespace = 'idempotency'::regnamespace AND probin IS NOT NULL});
-$node->safe_psql('fresh', "CREATE EXTENSION idempotency; $grants_11");
+$node->safe_psql('fresh', "CREATE EXTENSION idempotency;\n$grants_11");
 my %dump;
 my $pg_dump = $node->config_data('--bindir') . '/pg_dump';
 foreach my $db (qw(up fresh))

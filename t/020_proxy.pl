@@ -160,20 +160,10 @@ is($state, '42710', 'and idempotency_proxy beside idempotency too');
 
 # An application role with the grants README gives, on the router and on
 # the shards; PL/Proxy connects to the shards as that role
-$_->safe_psql('postgres', q{
-CREATE ROLE app LOGIN;
-GRANT USAGE ON SCHEMA idempotency TO app;
-GRANT EXECUTE ON FUNCTION
-    idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean),
-    idempotency.idem_complete(text, int, jsonb, text, int, uuid),
-    idempotency.idem_release(text, text, int, uuid),
-    idempotency.idem_extend(text, text, uuid, interval),
-    idempotency.idem_lookup(text, text),
-    idempotency.idem_request_hash(jsonb),
-    idempotency.idem_token_issue(text, interval),
-    idempotency.idem_token_consume(text, text)
-    TO app;
-GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.records TO app;}) for @shards;
+$_->safe_psql('postgres', "CREATE ROLE app LOGIN;\n"
+	  . sql_fixture('readme_grants.sql', app_role => 'app')
+	  . sql_fixture('readme_token_grants.sql', app_role => 'app'))
+  for @shards;
 $router->safe_psql('postgres', q{
 CREATE ROLE app LOGIN;
 CREATE ROLE stranger LOGIN;

@@ -28,6 +28,7 @@ use List::Util qw(shuffle);
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Time::HiRes qw(time);
 
 skip_without_plproxy();
 
@@ -59,19 +60,37 @@ sub homes
 	return { map { $_ => join(',', @{ $home{$_} }) } @keys };
 }
 
-# moved(scope, key): does 4-shard placement put the key elsewhere?
+# moved(scope, keys...): those of the keys that 4-shard placement puts
+# elsewhere, in their order, from one query
 sub moved
 {
-	my ($scope, $key) = @_;
-	return q1("SELECT idempotency.key_hash('$scope', '$key') & 2 <> 0") eq 't';
+	my ($scope, @keys) = @_;
+	my %moves = map { $_ => 1 } split /\n/, q1(
+		"SELECT k FROM unnest(ARRAY[" . join(', ', map { "'$_'" } @keys) . "]) k
+		  WHERE idempotency.key_hash('$scope', k) & 2 <> 0");
+	return grep { $moves{$_} } @keys;
 }
 
 # ------------------------------------------------------------------
-# Before: 2 shards.  Records live 90 seconds: short, so that the window can
-# be seen to close within the test, and long enough that what is made
-# before the growth is still live (and the held keys' leases still run)
-# when the checks after it read it on a slow machine.
-my $ttl = '90s';
+# Before: 2 shards.  Records live 90 seconds, or twice what the test's
+# psql calls from their making to their last check take on this machine,
+# measured now, where that is longer: short, so that the window can be seen
+# to close within the test, and long enough that what is made before the
+# growth is still live (and the held keys' leases, 10 s shorter, still
+# run) when the checks after it read it.  With the machine five times
+# overloaded those checks came 83 s after the records were made, and 99 s
+# after beside two busy loops while others ran their tests: fixed windows of
+# 90 s and 80 s ran out.
+my $calls = 400;    # about: one per q1() or shard query, up to the payments' replays
+my $t_calib = time;
+q1("SELECT count(*) FROM idempotency.idem_lookup('calibrate$_', 'g')") for 1 .. 10;
+my $call_secs = (time - $t_calib) / 10;
+my $ttl_secs = window_secs($calls * $call_secs, 2, 90);
+my $ttl = "${ttl_secs}s";
+my $lease = ($ttl_secs - 10) . 's';
+note sprintf('a psql call takes %.2f s: records of %s, held leases of %s',
+	$call_secs, $ttl, $lease);
+my $t_made = time;
 my @done = map { "done$_" } 1 .. 60;
 q1(join('', map {
 	"SELECT count(*) FROM idempotency.idem_acquire('$_', '{\"n\": 1}', 'g', ttl => '$ttl');
@@ -81,11 +100,9 @@ my @held = map { "held$_" } 1 .. 20;
 my %claim;
 for my $k (@held)
 {
-	$claim{$k} = q1("SELECT claim FROM idempotency.idem_acquire('$k', NULL, 'g', ttl => '$ttl', lease => '80s')");
+	$claim{$k} = q1("SELECT claim FROM idempotency.idem_acquire('$k', NULL, 'g', ttl => '$ttl', lease => '$lease')");
 }
-my $stale = 'stale1';
-$stale = "stale$_" for grep { moved('g', "stale$_") } 1 .. 1;
-my @stale = grep { moved('g', $_) } map { "stale$_" } 1 .. 20;
+my @stale = moved('g', map { "stale$_" } 1 .. 20);
 q1("SELECT count(*) FROM idempotency.idem_acquire('$_', NULL, 'g', ttl => '$ttl', lease => '0.5s')")
   for @stale;
 my @tokens = map { q1("SELECT idempotency.idem_token_issue('form', '$ttl')") } 1 .. 30;
@@ -125,7 +142,7 @@ LANGUAGE plproxy AS $$
 $$;});
 my %paid = map { $_ => q1("SELECT status, body FROM app.pay('p$_')") } 1 .. 40;
 
-my @moved_done = grep { moved('g', $_) } @done;
+my @moved_done = moved('g', @done);
 ok(@moved_done > 10 && @moved_done < 50,
 	scalar(@moved_done) . ' of 60 completed keys move to the new shards');
 my $home = homes('g', @done, @held);
@@ -190,7 +207,9 @@ is(scalar(grep { $home->{$_} =~ /^[01]$/ } @moved_done), scalar(@moved_done),
 is(q1("SELECT count(*) FROM idempotency.idem_lookup('$moved_done[0]', 'g')"),
 	'1', 'idem_lookup finds a moved key on its previous shard');
 
-my @moved_held = grep { moved('g', $_) } @held;
+my @moved_held = moved('g', @held);
+note sprintf('the held keys are checked %.1f s after they were made (leases of %s)',
+	time - $t_made, $lease);
 ok(@moved_held > 0, scalar(@moved_held) . ' of 20 held keys moved');
 is(scalar(grep { q1("SELECT outcome FROM idempotency.idem_acquire('$_', NULL, 'g')") eq 'in_progress' } @held),
 	20, 'every key in progress before the growth answers in_progress');
@@ -237,12 +256,14 @@ is(q1("SELECT idempotency.idem_token_consume('$t_new', 'form')") . q1("SELECT id
 	'tf', 'a token issued after the growth too');
 
 # the endpoint after the growth: every payment made before replays
-my @moved_pay = grep { moved('pay', "p$_") } 1 .. 40;
+my @moved_pay = moved('pay', map { "p$_" } 1 .. 40);
 ok(@moved_pay > 0, scalar(@moved_pay) . ' of 40 paid keys moved');
 is(scalar(grep { q1("SELECT status, body FROM app.pay('p$_')") eq $paid{$_} } 1 .. 40),
 	40, 'the routed endpoint: each of 40 payments made before the growth replays the same payment');
 my $pays = 0;
 $pays += $_->safe_psql('postgres', 'SELECT count(*) FROM app.payments') for @shards;
+note sprintf('the payments made before the growth are checked %.1f s after they were made (records of %s)',
+	time - $t_made, $ttl);
 is($pays, 40, 'no payment was made twice');
 q1("SELECT status FROM app.pay('q$_')") for 1 .. 20;
 $home = homes('pay', map { "q$_" } 1 .. 20);

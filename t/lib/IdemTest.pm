@@ -3,7 +3,9 @@
 # Helpers shared by the TAP tests t/002_*.pl onwards: a throwaway cluster on
 # 127.0.0.1 set up as scripts/common.sh does it (pg_cron preloaded), the
 # SQLSTATE of a failed psql call, polling a server that is coming back from
-# a crash, and a millisecond clock.
+# a crash, the SQL fixtures the tests share (sql/include: the README's
+# grants, the SQLSTATE helper), a millisecond clock, and windows (ttls, leases, pauses) sized from
+# how fast the machine was measured to be.
 
 package IdemTest;
 
@@ -11,11 +13,13 @@ use strict;
 use warnings;
 
 use Exporter 'import';
+use File::Basename ();
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Time::HiRes ();
 
-our @EXPORT = qw(idem_node sqlstate_of_psql poll_query_back now_ms);
+our @EXPORT = qw(idem_node sqlstate_of_psql poll_query_back now_ms
+  window_secs sql_fixture);
 
 # idem_node(NAME, EXTRA_CONF): a started node on 127.0.0.1 with pg_cron
 # preloaded and the extension created in database postgres.
@@ -76,9 +80,37 @@ sub poll_query_back
 	return 0;
 }
 
+# sql_fixture(FILE, VAR => VALUE...): the text of sql/include/FILE, the
+# fixture sql/*.sql include with \i, preceded by a psql \set of each VAR
+# (as app_role => 'idem_app' for the README's grants), to be run by psql.
+sub sql_fixture
+{
+	my ($file, %vars) = @_;
+	my $path = File::Basename::dirname(__FILE__) . "/../../sql/include/$file";
+	open my $fh, '<', $path or die "$path: $!";
+	local $/;
+	my $text = <$fh>;
+	close $fh;
+	return join('', map { "\\set $_ $vars{$_}\n" } sort keys %vars) . $text;
+}
+
 sub now_ms
 {
 	return Time::HiRes::time() * 1000;
+}
+
+# window_secs(MEASURED, FACTOR, FLOOR): a window (a ttl, a lease, a pause)
+# of FACTOR times MEASURED seconds, at least FLOOR, in whole seconds.  A test
+# whose records or leases must outlive some of its steps measures a step
+# like them first (a set-up of the same kind of work), so that on a machine
+# slowed by others the window grows with it; on a quick one it is FLOOR, the
+# window the test was written with.
+sub window_secs
+{
+	my ($measured, $factor, $floor) = @_;
+	my $w = $factor * $measured;
+	$w = $floor if $w < $floor;
+	return int($w) == $w ? $w : int($w) + 1;
 }
 
 1;

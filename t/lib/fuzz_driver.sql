@@ -8,15 +8,8 @@
 -- locks it took are let go.  Each call catches its own SQLSTATE.
 --
 
--- 'ok' or the SQLSTATE of a statement
-CREATE FUNCTION public.fz_state(stmt text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE stmt;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE;
-END
-$$;
+-- ('ok' or the SQLSTATE of a statement: public.sqlstate_of, of
+-- sql/include/sqlstate_of.sql, which t/006_fuzz.pl runs first)
 
 -- a fingerprint of every stored record, every column included
 CREATE FUNCTION public.fz_fp() RETURNS text LANGUAGE sql AS $$

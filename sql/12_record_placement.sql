@@ -1,5 +1,5 @@
 --
--- 12_review_gaps: cases an outside review found untested.
+-- 12_record_placement: records wherever they are stored.
 --   - records that fill their pages, so that completions are not HOT
 --     updates and need index entries of their own, still replay;
 --   - a record with a ttl longer than idempotency.default_ttl (the probes
@@ -7,6 +7,7 @@
 --   - maintenance keeps the partition whose range has started and not ended.
 --
 SET idempotency.wait_timeout = 0;
+
 -- ------------------------------------------------------------------
 -- 300 claims in one statement, all completed: the records fill several
 -- pages, so completions that find no room on their page are not HOT and
@@ -20,51 +21,22 @@ SELECT sum(n_tup_upd) AS upd_before, sum(n_tup_hot_upd) AS hot_before
 SELECT count(*) FILTER (WHERE a.outcome = 'acquired' AND a.attempt = 1) AS acquired
   FROM generate_series(1, 300) g,
        idempotency.idem_acquire('bulk-' || g, jsonb_build_object('n', g)) a;
- acquired 
-----------
-      300
-(1 row)
-
 SELECT count(*) FILTER (WHERE c) AS completed
   FROM generate_series(1, 300) g,
        idempotency.idem_complete('bulk-' || g, 201, jsonb_build_object('id', g)) c;
- completed 
------------
-       300
-(1 row)
-
 -- some of the 300 updates were not HOT
 SELECT sum(n_tup_upd) - coalesce(:'upd_before'::bigint, 0) AS updates,
        sum(n_tup_hot_upd) - coalesce(:'hot_before'::bigint, 0) < 300 AS some_not_hot
   FROM pg_stat_xact_user_tables WHERE schemaname = 'idempotency';
- updates | some_not_hot 
----------+--------------
-     300 | t
-(1 row)
-
 COMMIT;
 SELECT count(*) FILTER (WHERE a.outcome = 'replay' AND a.response_status = 201
                           AND a.response_body = jsonb_build_object('id', g)) AS replayed
   FROM generate_series(1, 300) g,
        idempotency.idem_acquire('bulk-' || g, jsonb_build_object('n', g)) a;
- replayed 
-----------
-      300
-(1 row)
-
 SELECT count(*) FILTER (WHERE l.status = 'completed') AS looked_up
   FROM generate_series(1, 300) g, idempotency.idem_lookup('bulk-' || g) l;
- looked_up 
------------
-       300
-(1 row)
-
 SELECT count(*) AS rows, count(DISTINCT key) AS keys
   FROM idempotency.records WHERE key LIKE 'bulk-%';
- rows | keys 
-------+------
-  300 |  300
-(1 row)
 
 -- ------------------------------------------------------------------
 -- A 7-day record (longer than the 24 h default_ttl), read back by lookup,
@@ -72,63 +44,19 @@ SELECT count(*) AS rows, count(DISTINCT key) AS keys
 -- ------------------------------------------------------------------
 SELECT outcome, attempt, expires_at > now() + interval '6 days 23 hours' AS seven_days
   FROM idempotency.idem_acquire('week', '{"w": 1}', ttl => '7 days');
- outcome  | attempt | seven_days 
-----------+---------+------------
- acquired |       1 | t
-(1 row)
-
 SELECT p.range_start > now() + interval '2 days' AS in_a_later_partition
   FROM idempotency.records r JOIN idempotency.partitions p ON p.partition = r.tableoid
  WHERE r.key = 'week';
- in_a_later_partition 
-----------------------
- t
-(1 row)
-
 SELECT status, attempt, expires_at > now() + interval '6 days 23 hours' AS seven_days
   FROM idempotency.idem_lookup('week');
-   status   | attempt | seven_days 
-------------+---------+------------
- processing |       1 | t
-(1 row)
-
 SELECT outcome, attempt FROM idempotency.idem_acquire('week', '{"w": 2}');
- outcome  | attempt 
-----------+---------
- mismatch |       1
-(1 row)
-
 SELECT outcome, attempt FROM idempotency.idem_acquire('week', '{"w": 1}');
-   outcome   | attempt 
--------------+---------
- in_progress |       1
-(1 row)
-
 SELECT idempotency.idem_complete('week', 201, '{"w": "done"}');
- idem_complete 
----------------
- t
-(1 row)
-
 SELECT outcome, response_status, response_body,
        expires_at > now() + interval '6 days 23 hours' AS seven_days
   FROM idempotency.idem_acquire('week', '{"w": 1}');
- outcome | response_status | response_body | seven_days 
----------+-----------------+---------------+------------
- replay  |             201 | {"w": "done"} | t
-(1 row)
-
 SELECT idempotency.idem_release('week');
- idem_release 
---------------
- f
-(1 row)
-
 SELECT count(*) AS rows FROM idempotency.records WHERE key = 'week';
- rows 
-------
-    1
-(1 row)
 
 -- ------------------------------------------------------------------
 -- Maintenance and the current partition.  A record in the partition whose
@@ -157,7 +85,7 @@ BEGIN
                     WHERE NOT p.is_default AND p.range_start <= clock_timestamp()
                       AND p.range_end > clock_timestamp()) THEN
         RAISE NOTICE 'no current partition: making one';
-        EXECUTE format('CREATE TABLE idempotency.records_review_current'
+        EXECUTE format('CREATE TABLE idempotency.records_placement_current'
                        ' PARTITION OF idempotency.records FOR VALUES FROM (%L) TO (%L)',
                        slot, slot + step);
     END IF;
@@ -169,46 +97,16 @@ SELECT least(interval '1 minute', (p.range_end - clock_timestamp()) / 2) AS curr
  WHERE NOT p.is_default AND p.range_start <= clock_timestamp()
    AND p.range_end > clock_timestamp() \gset
 SELECT outcome FROM idempotency.idem_acquire('current', '{"c": 1}', ttl => :'current_ttl');
- outcome  
-----------
- acquired
-(1 row)
-
 SELECT idempotency.idem_complete('current', 201, '{"c": "done"}');
- idem_complete 
----------------
- t
-(1 row)
-
 SELECT r.tableoid::regclass AS current_partition,
        p.range_start <= clock_timestamp() AND p.range_end > clock_timestamp() AS range_started_not_ended
   FROM idempotency.records r JOIN idempotency.partitions p ON p.partition = r.tableoid
  WHERE r.key = 'current' \gset
 SELECT :'range_started_not_ended' AS range_started_not_ended;
- range_started_not_ended 
--------------------------
- t
-(1 row)
-
 SELECT partition AS last_partition FROM idempotency.partitions
  WHERE NOT is_default ORDER BY range_end DESC LIMIT 1 \gset
 DROP TABLE :last_partition;
 SELECT partitions_created > 0 AS created FROM idempotency.idem_maintain();
- created 
----------
- t
-(1 row)
-
 SELECT to_regclass(:'current_partition') IS NOT NULL AS current_partition_kept;
- current_partition_kept 
-------------------------
- t
-(1 row)
-
 SELECT outcome, response_status, response_body
   FROM idempotency.idem_acquire('current', '{"c": 1}');
- outcome | response_status | response_body 
----------+-----------------+---------------
- replay  |             201 | {"c": "done"}
-(1 row)
-
