@@ -68,6 +68,24 @@ for f in "$@"; do
 	stop_cluster "$rc"
 done
 
+# The grants the tests give (sql/include) are the ones docs/reference.md
+# shows, word for word, with the role app.
+for fixture in sql/include/readme_grants.sql sql/include/readme_token_grants.sql; do
+	total=$((total + 1))
+	if python3 - "$fixture" docs/reference.md <<-'PY'; then
+		import sys
+		fixture, doc = (open(f).read() for f in sys.argv[1:3])
+		grants = "".join(l for l in fixture.splitlines(True) if not l.startswith("--"))
+		sys.exit(0 if grants.replace(':"app_role"', "app") in doc else 1)
+	PY
+		passed=$((passed + 1))
+		echo "ok: $fixture is the block docs/reference.md shows"
+	else
+		status=1
+		echo "not ok: $fixture differs from the block docs/reference.md shows"
+	fi
+done
+
 log "docs blocks run in $((SECONDS - t0))s"
 echo "$name: $passed of $total tests passed."
 exit "$status"

@@ -1,8 +1,8 @@
--- sql/include/readme_grants.sql: the grants README.md (Privileges) gives an
+-- sql/include/readme_grants.sql: the grants docs/reference.md (Privileges) gives an
 -- application role, here to the role named by the psql variable app_role.
 -- Included by the tests that check them (sql/08_privileges.sql,
 -- sql/15_upgrade.sql, t/007_privileges.pl, t/012_upgrade.pl, t/020_proxy.pl);
--- keep it the same as README.md's block.
+-- keep it the same as docs/reference.md's block.
 GRANT USAGE ON SCHEMA idempotency TO :"app_role";
 GRANT EXECUTE ON FUNCTION
     idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean),
