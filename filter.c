@@ -100,9 +100,11 @@ typedef struct IdemFilterSlot
  * for DEFAULT), after which no call looks in the slot and any database's
  * build may take it.  nwaiting: how many of the transactions that were
  * inserting into the partition when the slot became BUILDING may still be
- * running, their ids in the slot's row of the wait array.  A build that
- * cannot wait for all of them leaves the slot BUILDING with that list, and
- * a later build goes on from it.
+ * running, their ids in the slot's row of the wait array; -1 until the
+ * build that claimed the slot has taken the list (a build that failed
+ * before that leaves nothing another may go on from).  A build that cannot
+ * wait for all of them leaves the slot BUILDING with that list, and a later
+ * build goes on from it.
  */
 typedef struct IdemFilterBuildState
 {
@@ -735,7 +737,19 @@ idem_filter_claim(Oid relid, TimestampTz until, TimestampTz now,
 				  uint32 *gen)
 {
 	IdemFilterSlot *slot = NULL;
+	List	   *gone = NIL;
 	int			i;
+
+	/* the databases of other slots that have been dropped, without the lock */
+	for (i = 0; i < idem_filter_shared->nslots; i++)
+	{
+		Oid			db = idem_filter_slot(i)->db;
+
+		if (OidIsValid(db) && db != MyDatabaseId &&
+			!list_member_oid(gone, db) &&
+			!SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(db)))
+			gone = lappend_oid(gone, db);
+	}
 
 	LWLockAcquire(idem_filter_shared->lock, LW_EXCLUSIVE);
 	for (i = 0; i < idem_filter_shared->nslots && slot == NULL; i++)
@@ -759,8 +773,9 @@ idem_filter_claim(Oid relid, TimestampTz until, TimestampTz now,
 	 * (each database's builds give back its own, but one that builds no
 	 * more would keep them), or of a database dropped while a backend of it
 	 * was still building (DROP DATABASE's hook runs before its backends are
-	 * gone).  A reader still looking at such a slot sees its generation
-	 * change, and descends the index.
+	 * gone; gone lists those, looked up before the lock was taken, since a
+	 * catalog lookup may wait for a lock).  A reader still looking at such
+	 * a slot sees its generation change, and descends the index.
 	 */
 	for (i = 0; i < idem_filter_shared->nslots && slot == NULL; i++)
 	{
@@ -768,7 +783,7 @@ idem_filter_claim(Oid relid, TimestampTz until, TimestampTz now,
 
 		if (OidIsValid(s->db) && s->db != MyDatabaseId &&
 			(idem_filter_shared->builds[i].until <= now ||
-			 !SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(s->db))))
+			 list_member_oid(gone, s->db)))
 			slot = s;
 	}
 	if (slot != NULL)
@@ -783,13 +798,14 @@ idem_filter_claim(Oid relid, TimestampTz until, TimestampTz now,
 		slot->db = MyDatabaseId;
 		slot->relid = relid;
 		b->until = until;
-		b->nwaiting = 0;
+		b->nwaiting = -1;
 		pg_write_barrier();
 		pg_atomic_write_u32(&slot->state, FILTER_BUILDING);
 		pg_memory_barrier();
 		*gen = pg_atomic_read_u32(&slot->gen);
 	}
 	LWLockRelease(idem_filter_shared->lock);
+	list_free(gone);
 	return slot;
 }
 
@@ -809,7 +825,8 @@ idem_filter_building(Oid relid, uint32 *gen)
 
 	LWLockAcquire(idem_filter_shared->lock, LW_SHARED);
 	slot = idem_filter_find(MyDatabaseId, relid);
-	if (slot != NULL && pg_atomic_read_u32(&slot->state) == FILTER_BUILDING)
+	if (slot != NULL && pg_atomic_read_u32(&slot->state) == FILTER_BUILDING &&
+		idem_filter_shared->builds[slot - idem_filter_shared->slots].nwaiting >= 0)
 		*gen = pg_atomic_read_u32(&slot->gen);
 	else
 		slot = NULL;
@@ -820,7 +837,7 @@ idem_filter_building(Oid relid, uint32 *gen)
 /*
  * Copy the wait list of the build (slot, gen) into vxids, room for
  * idem_filter_max_waiting() entries; returns its length (0 if the slot has
- * moved on).
+ * moved on, -1 if no list was ever put).
  */
 int
 idem_filter_get_waiting(IdemFilterSlot *slot, uint32 gen,
@@ -833,9 +850,10 @@ idem_filter_get_waiting(IdemFilterSlot *slot, uint32 gen,
 	if (pg_atomic_read_u32(&slot->gen) == gen)
 	{
 		n = idem_filter_shared->builds[i].nwaiting;
-		memcpy(vxids, idem_filter_shared->waiting +
-			   (Size) i * idem_filter_shared->maxwaiting,
-			   sizeof(VirtualTransactionId) * n);
+		if (n > 0)
+			memcpy(vxids, idem_filter_shared->waiting +
+				   (Size) i * idem_filter_shared->maxwaiting,
+				   sizeof(VirtualTransactionId) * n);
 	}
 	LWLockRelease(idem_filter_shared->lock);
 	return n;

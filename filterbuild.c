@@ -77,6 +77,8 @@
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lmgr.h"
+#include "storage/lock.h"
+#include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
@@ -651,11 +653,19 @@ static bool
 idem_filter_wait_inserters(IdemFilterBuild *build, int max_wait_ms)
 {
 	VirtualTransactionId *vxids;
+	VirtualTransactionId mine;
 	TimestampTz deadline = 0;
 	int			n;
 
 	vxids = palloc(sizeof(VirtualTransactionId) * idem_filter_max_waiting());
 	n = idem_filter_get_waiting(build->slot, build->gen, vxids);
+	if (n < 0)
+	{
+		/* no list was ever put (idem_filter_building refuses such a slot) */
+		pfree(vxids);
+		return false;
+	}
+	GET_VXID_FROM_PGPROC(mine, *MyProc);
 
 	if (max_wait_ms >= 0)
 		deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
@@ -665,9 +675,15 @@ idem_filter_wait_inserters(IdemFilterBuild *build, int max_wait_ms)
 		int			kept = 0;
 		int			j;
 
-		/* without an end, a lock wait that pg_locks and deadlock checks see */
+		/*
+		 * Without an end, a lock wait that pg_locks and deadlock checks see.
+		 * This transaction, where another build listed it, is not waited
+		 * for: the rows it has inserted are in the heap for the fill to see,
+		 * and it adds the keys of those it inserts from now on.
+		 */
 		for (j = 0; j < n; j++)
-			if (!VirtualXactLock(vxids[j], max_wait_ms < 0))
+			if (!VirtualTransactionIdEquals(vxids[j], mine) &&
+				!VirtualXactLock(vxids[j], max_wait_ms < 0))
 				vxids[kept++] = vxids[j];
 		n = kept;
 		if (n == 0 || GetCurrentTimestamp() >= deadline)
@@ -733,18 +749,23 @@ idem_filter_build_one(Relation rel, TimestampTz until, TimestampTz now,
 	IdemFilterBuild build;
 	IdemFilterOutcome outcome = FILTER_BUILT;
 
-	build.slot = idem_filter_building(relid, &build.gen);
-	if (build.slot == NULL)
-	{
-		build.slot = idem_filter_claim(relid, until, now, &build.gen);
-		if (build.slot == NULL)
-			return FILTER_NO_SLOT;
-		idem_filter_note_inserters(&build, relid);
-	}
-
+	/*
+	 * From the claim on, an error frees the slot: one left BUILDING without
+	 * its wait list would let a later build go on without waiting.
+	 */
+	build.slot = NULL;
 	PG_ENSURE_ERROR_CLEANUP(idem_filter_build_cleanup, PointerGetDatum(&build));
 	{
-		if (idem_filter_wait_inserters(&build, max_wait_ms))
+		build.slot = idem_filter_building(relid, &build.gen);
+		if (build.slot == NULL)
+		{
+			build.slot = idem_filter_claim(relid, until, now, &build.gen);
+			if (build.slot != NULL)
+				idem_filter_note_inserters(&build, relid);
+		}
+		if (build.slot == NULL)
+			outcome = FILTER_NO_SLOT;
+		else if (idem_filter_wait_inserters(&build, max_wait_ms))
 			idem_filter_fill(rel, build.slot);
 		else
 		{
@@ -878,6 +899,12 @@ idem_build_filters(PG_FUNCTION_ARGS)
 		 */
 		if (!ConditionalLockRelationOid(relid, ShareUpdateExclusiveLock))
 			continue;
+		/* a build that held the lock may have made it READY meanwhile */
+		if (idem_filter_is_ready(relid))
+		{
+			UnlockRelationOid(relid, ShareUpdateExclusiveLock);
+			continue;
+		}
 		rel = try_relation_open(relid, NoLock);
 		if (rel == NULL)
 		{

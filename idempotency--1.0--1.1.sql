@@ -509,14 +509,17 @@ LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
 -- partitions made here get their filters at the next run.  The pg_cron job
 -- calls idem_maintain() by name.
 --
--- Last, the filter trigger is put back to ENABLE ALWAYS where something
--- left it plain ENABLE (the state ALTER TABLE ... ENABLE TRIGGER ALL gives
+-- Then, before the partition work, the filter trigger is put back to
+-- ENABLE ALWAYS where something left it plain ENABLE (the state ALTER TABLE ... ENABLE TRIGGER ALL gives
 -- it, which pg_restore --disable-triggers runs): builds refuse such a
 -- partition, since the trigger would not fire for logical replication's
 -- apply.  Only where the trigger is otherwise the extension's own (its
 -- function, BEFORE INSERT OR UPDATE FOR EACH ROW, no WHEN, no columns), one
 -- table at a time with ONLY (the parent's state is what new partitions
--- copy), within maintenance_lock_timeout; the next run builds the filters.
+-- copy), the parent last, each within maintenance_lock_timeout (its SHARE
+-- ROW EXCLUSIVE lock, held to the end of the run, keeps claims out of that
+-- table meanwhile); the next run builds the filters.  Before the partition
+-- work, so that no lock is waited for while ACCESS EXCLUSIVE is held.
 -- A trigger disabled, ENABLE REPLICA, changed or missing is left alone and
 -- named in a WARNING, which the server log keeps.
 --
@@ -549,11 +552,6 @@ BEGIN
             RAISE WARNING 'idempotency maintenance could not build the filters: %', SQLERRM
                 USING ERRCODE = SQLSTATE;
         END;
-    END IF;
-    RETURN QUERY SELECT m.partitions_created, m.partitions_dropped
-                   FROM idempotency.maintain_partitions() m;
-    IF pg_catalog.current_setting('idempotency.filters', true)
-       OPERATOR(pg_catalog.<>) '0' THEN
         lock_wait := pg_catalog.current_setting('lock_timeout');
         BEGIN
             PERFORM pg_catalog.set_config('lock_timeout',
@@ -574,7 +572,7 @@ BEGIN
                  WHERE (c.oid OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass
                         OR c.oid IN (SELECT p.partition FROM idempotency.partitions p))
                    AND t.tgenabled IS DISTINCT FROM 'A'
-                 ORDER BY c.oid
+                 ORDER BY c.oid OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass, c.oid
             LOOP
                 IF intact AND trig_state OPERATOR(pg_catalog.=) 'O' THEN
                     BEGIN
@@ -582,7 +580,7 @@ BEGIN
                             'ALTER TABLE ONLY %s ENABLE ALWAYS TRIGGER zz_records_filter', rel);
                         RAISE LOG 'idempotency maintenance set trigger "zz_records_filter" of table "%" back to ENABLE ALWAYS',
                             rel;
-                    EXCEPTION WHEN lock_not_available THEN
+                    EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
                         RAISE LOG 'idempotency maintenance could not lock table "%" to set its trigger "zz_records_filter" back to ENABLE ALWAYS, leaving it to its next run',
                             rel;
                     END;
@@ -603,6 +601,8 @@ BEGIN
         END;
         PERFORM pg_catalog.set_config('lock_timeout', lock_wait, true);
     END IF;
+    RETURN QUERY SELECT m.partitions_created, m.partitions_dropped
+                   FROM idempotency.maintain_partitions() m;
 END
 $$;
 
