@@ -10,6 +10,7 @@ MODULE_big = idempotency
 OBJS = \
 	$(WIN32RES) \
 	idempotency.o \
+	reqhash.o \
 	records.o \
 	stats.o \
 	filter.o \
@@ -31,5 +32,5 @@ PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
 # A server built with OpenSSL has the request's SHA-256 computed through
-# libcrypto directly (idempotency.c, idem_sha256), as pgcrypto links it.
+# libcrypto directly (reqhash.c, idem_sha256), as pgcrypto links it.
 SHLIB_LINK += $(filter -lcrypto, $(LIBS))

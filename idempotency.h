@@ -22,6 +22,7 @@
 #include "port/atomics.h"
 #include "portability/instr_time.h"
 #include "storage/itemptr.h"
+#include "utils/jsonb.h"
 #include "utils/relcache.h"
 #include "utils/snapshot.h"
 #include "utils/uuid.h"
@@ -118,6 +119,10 @@ extern void idem_records_consume(Relation parent, const IdemRecord *rec,
 								 text *scope, text *key, TimestampTz now);
 extern void idem_records_delete(Relation parent, const IdemRecord *rec);
 extern List *idem_records_live_partitions(Relation parent, TimestampTz now);
+
+/* reqhash.c */
+extern bytea *idem_hash_jsonb(Jsonb *jb);
+extern bool idem_hash_mismatch(const IdemRecord *rec, const bytea *hash);
 
 /* filter.c: per-partition known-absent filters (preloaded only) */
 extern void idem_filter_init(void);
