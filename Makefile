@@ -10,6 +10,7 @@ MODULE_big = idempotency
 OBJS = \
 	$(WIN32RES) \
 	idempotency.o \
+	keylock.o \
 	reqhash.o \
 	records.o \
 	stats.o \

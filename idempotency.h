@@ -22,6 +22,7 @@
 #include "port/atomics.h"
 #include "portability/instr_time.h"
 #include "storage/itemptr.h"
+#include "storage/lock.h"
 #include "utils/jsonb.h"
 #include "utils/relcache.h"
 #include "utils/snapshot.h"
@@ -80,6 +81,107 @@ typedef struct IdemClaim
 	int32		owner_pid;
 	TimestampTz owner_start;
 } IdemClaim;
+
+/*
+ * What a record is looked up and locked by: its scope and key, and its
+ * kind (a one-time token's record, with the token as its key, or an
+ * idempotency key's); the two kinds never see each other.
+ */
+typedef struct IdemKey
+{
+	text	   *scope;
+	text	   *key;
+	bool		token;
+} IdemKey;
+
+/*
+ * Where a transaction wrote a new claim: a hint for reading it again in the
+ * same transaction (idem_records_fetch checks it).
+ */
+typedef struct IdemPlace
+{
+	TransactionId xid;			/* top-level transaction that wrote it */
+	Oid			partoid;
+	ItemPointerData tid;
+} IdemPlace;
+
+/* keylock.c: key locks, waits, and the reads under the key lock */
+
+/*
+ * The time a call spends waiting for other sessions, for the statistics
+ * (waits, wait_time).
+ */
+typedef struct IdemWaitClock
+{
+	bool		waited;
+	instr_time	total;
+} IdemWaitClock;
+
+/*
+ * Memory of the loops that wait.  Each pass of such a loop reads the record
+ * again, and a read allocates a few kilobytes (more with many partitions);
+ * a duplicate of a committed processing claim polls every 50 ms for as long
+ * as idempotency.wait_timeout, which any user may raise.  So that a wait of
+ * any length runs in flat memory, every pass after the first works in a
+ * child of the caller's memory context that the next pass resets.  The
+ * first pass, all that a call which does not wait ever runs, works in the
+ * caller's context and pays nothing for this.
+ */
+typedef struct IdemPasses
+{
+	MemoryContext caller;		/* the caller's context, to return to */
+	MemoryContext pass;			/* the passes' context, made for pass 2 */
+	int			npasses;		/* passes begun so far */
+} IdemPasses;
+
+
+/* What idem_lock_and_read came to; see there */
+typedef enum IdemReadResult
+{
+	IDEM_READ_LOCKED,
+	IDEM_READ_LOCK_TIMEOUT,
+	IDEM_READ_WRITER_TIMEOUT,
+	IDEM_READ_WRITER_SETTLES
+} IdemReadResult;
+
+/*
+ * The state of one call's lock-and-read loop (idem_key_read_init,
+ * idem_lock_and_read, idem_key_read_end).
+ */
+typedef struct IdemKeyRead
+{
+	Relation	parent;			/* idempotency.records, open */
+	IdemKey		key;
+	LOCKTAG		tag;			/* the key lock */
+	TimestampTz deadline;		/* DT_NOEND: no timeout of ours */
+	int64		hint_ttl;		/* where to look first, see there */
+	const IdemPlace *place;		/* this backend's last claim, or NULL */
+
+	/*
+	 * Optional: does a version that another transaction is still writing
+	 * already answer the caller?  Then idem_lock_and_read does not wait.
+	 */
+	bool		(*writer_settles) (const IdemRecord *rec, void *arg);
+	void	   *settles_arg;
+
+	IdemPasses	passes;
+	IdemWaitClock clock;
+	TimestampTz now;			/* the clock when kr->rec was read */
+	IdemRecord	rec;			/* what the last read found */
+} IdemKeyRead;
+
+extern LockAcquireResult idem_lock(const LOCKTAG *tag, LOCKMODE mode,
+								   bool dontWait);
+extern void idem_unlock(const LOCKTAG *tag, LOCKMODE mode);
+extern void idem_wait_clock_count(const IdemWaitClock *clock);
+extern void idem_read_mvcc(Relation parent, const IdemKey *k,
+						   TimestampTz now, TimestampTz hint, IdemRecord *rec);
+extern void idem_key_read_init(IdemKeyRead *kr, Relation parent,
+							   const IdemKey *k, TimestampTz deadline,
+							   int64 hint_ttl, const IdemPlace *place);
+extern IdemReadResult idem_lock_and_read(IdemKeyRead *kr);
+extern void idem_key_read_sleep(IdemKeyRead *kr, long ms);
+extern void idem_key_read_end(IdemKeyRead *kr);
 
 /* records.c */
 extern void idem_records_init(void);
