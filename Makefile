@@ -10,8 +10,10 @@ MODULE_big = idempotency
 OBJS = \
 	$(WIN32RES) \
 	idempotency.o \
+	claim.o \
 	keylock.o \
 	reqhash.o \
+	token.o \
 	records.o \
 	stats.o \
 	filter.o \

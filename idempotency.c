@@ -73,9 +73,6 @@ PG_MODULE_MAGIC;
 void		_PG_init(void);
 #endif
 
-/* locktag_field4 of the lock a session-bound claim's owner holds */
-#define IDEM_OWNER_LOCKTAG_CLASS	0x4945
-
 /* retry_after of an in_progress claim that has no lease end to count to */
 #define IDEM_RETRY_AFTER_MIN	1
 
@@ -468,222 +465,7 @@ idem_request_hash(PG_FUNCTION_ARGS)
 }
 
 
-/* ----------------------------------------------------------------
- * Claims and their owners (1.1)
- * ----------------------------------------------------------------
- */
-
 /*
- * This backend's current ownership: the backend's start time for its first,
- * or when it took the owner lock again after an ownership ended; 0 before
- * its first session-bound claim.  A record's owner_start
- * is this value, so an ownership that ended while the backend lives on
- * (DISCARD ALL from a session pooler handing the connection to another
- * client, pg_advisory_unlock_all()) cannot be taken for the next one.
- */
-static TimestampTz idem_owner_since = 0;
-
-/*
- * Build the lock tag of a session-bound claim's owner: the backend's pid and
- * when its ownership began, in this database.  A new backend that gets a
- * dead owner's pid, or a later ownership of the same backend, has another
- * start, hence another tag.
- */
-static void
-idem_owner_locktag(LOCKTAG *tag, int32 pid, TimestampTz start)
-{
-	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) pid, (uint32) start,
-						 IDEM_OWNER_LOCKTAG_CLASS);
-}
-
-/*
- * Whether this backend still holds the owner lock of its current ownership.
- * One lookup in the backend's local lock table: acquiring a lock already held
- * only counts it again, and the count is given back at once.  A lock that
- * was let go of (by pg_advisory_unlock_all() or DISCARD ALL, which release
- * every session-level advisory lock) is acquired anew here and given back
- * too.
- */
-static bool
-idem_owner_lock_held(void)
-{
-	LOCKTAG		tag;
-	LockAcquireResult result;
-
-	if (idem_owner_since == 0)
-		return false;
-	idem_owner_locktag(&tag, MyProcPid, idem_owner_since);
-	result = LockAcquire(&tag, ExclusiveLock, true, false);
-	LockRelease(&tag, ExclusiveLock, true);
-	return result == LOCKACQUIRE_ALREADY_HELD ||
-		result == LOCKACQUIRE_ALREADY_CLEAR;
-}
-
-/*
- * Make sure this backend holds its owner lock, before it makes a
- * session-bound claim: a session-level lock, held until the backend exits
- * or lets go of its session-level advisory locks.  It is an advisory-type
- * lock because the regular lock method drops session locks at the abort of
- * any transaction.  When the lock of the current ownership was let go of,
- * that ownership has ended (its claims are taken over as their owner's
- * would be after a disconnect) and a new one begins, with a tag of its own.
- */
-static void
-idem_hold_owner_lock(void)
-{
-	LOCKTAG		tag;
-	TimestampTz previous = idem_owner_since;
-
-	if (idem_owner_lock_held())
-		return;
-	/* the backend's start, or now for an ownership after one that ended */
-	idem_owner_since = (previous == 0) ? MyStartTimestamp :
-		Max(GetCurrentTimestamp(), previous + 1);
-	idem_owner_locktag(&tag, MyProcPid, idem_owner_since);
-	(void) LockAcquire(&tag, ExclusiveLock, true, false);
-}
-
-/*
- * Whether a session-bound record's owner is this backend's current, unended
- * ownership.  Its own lock would not conflict with the probe of
- * idem_owner_alive, so it is recognised by pid and start instead.
- */
-static bool
-idem_owner_is_me(const IdemRecord *rec)
-{
-	return idem_owner_since != 0 &&
-		rec->owner_pid == MyProcPid &&
-		rec->owner_start == idem_owner_since &&
-		idem_owner_lock_held();
-}
-
-/*
- * Is the owner session of a session-bound record alive?  It is while it
- * holds its owner lock: we try for the lock without waiting and give it
- * back at once.  After the owner's exit, crash or a server restart, or once
- * it let go of its advisory locks, nobody holds it.
- */
-static bool
-idem_owner_alive(const IdemRecord *rec)
-{
-	LOCKTAG		tag;
-
-	if (idem_owner_is_me(rec))
-		return true;
-	if (rec->owner_pid == MyProcPid && rec->owner_start == idem_owner_since)
-		return false;			/* ours, and let go of */
-	idem_owner_locktag(&tag, rec->owner_pid, rec->owner_start);
-	if (idem_lock(&tag, ShareLock, true) == LOCKACQUIRE_NOT_AVAIL)
-		return true;
-	idem_unlock(&tag, ShareLock);
-	return false;
-}
-
-/*
- * Random bytes for the next claims of this backend, drawn from
- * pg_strong_random IDEM_CLAIM_POOL claims at a time.  Each call of
- * pg_strong_random costs about 8,500 instructions of fixed overhead with
- * OpenSSL 3 (RAND_bytes looks up its DRBG and that DRBG's parameters every
- * time), more than half of what 1.1 added to an acquire of a new key; the
- * bytes themselves are cheap.  The claims are the same bytes of the same
- * source, only fetched in batches: every claim is still 16 bytes straight
- * from pg_strong_random, so as unpredictable as before.
- *
- * Each claim's bytes are handed out once: the position moves past them
- * before they are used, and they are wiped from the pool as they are taken,
- * so that the pool never holds a claim that was already made.  Bytes not
- * yet taken are no more exposed than the state of the DRBG that would
- * produce them, which lives in the same process memory.
- *
- * A pool must never be shared by two processes, or both would hand out the
- * same claims.  Only a backend running idem_acquire fills it, never the
- * postmaster (which may have loaded the library), so a PostgreSQL child
- * starts with an empty one; and a pool filled under another MyProcPid (a
- * process forked after filling it) is thrown away rather than used.
- */
-#define IDEM_CLAIM_POOL		32
-
-static uint8 idem_claim_pool[IDEM_CLAIM_POOL * UUID_LEN];
-static int	idem_claim_pool_next = IDEM_CLAIM_POOL;	/* empty */
-static int	idem_claim_pool_pid = 0;
-
-/*
- * Take the next claim's 16 random bytes from the pool, refilling it from
- * pg_strong_random when it is empty or not this process's.
- */
-static void
-idem_random_claim(pg_uuid_t *claim)
-{
-	uint8	   *bytes;
-
-	if (idem_claim_pool_next >= IDEM_CLAIM_POOL ||
-		idem_claim_pool_pid != MyProcPid)
-	{
-		/* empty until filled, should pg_strong_random fail */
-		idem_claim_pool_next = IDEM_CLAIM_POOL;
-		if (!pg_strong_random(idem_claim_pool, sizeof(idem_claim_pool)))
-		{
-			explicit_bzero(idem_claim_pool, sizeof(idem_claim_pool));
-			ereport(ERROR,
-					(errcode(ERRCODE_INTERNAL_ERROR),
-					 errmsg("could not generate a random claim")));
-		}
-		idem_claim_pool_next = 0;
-		idem_claim_pool_pid = MyProcPid;
-	}
-	bytes = idem_claim_pool + idem_claim_pool_next * UUID_LEN;
-	idem_claim_pool_next++;
-	memcpy(claim->data, bytes, UUID_LEN);
-	explicit_bzero(bytes, UUID_LEN);
-}
-
-/*
- * Make a new claim: 122 random bits from the strong random source, as a
- * version 4 UUID, with this session as owner if session-bound.
- */
-static void
-idem_new_claim(IdemClaim *claim, bool session_bound)
-{
-	idem_random_claim(&claim->claim);
-	claim->claim.data[6] = (claim->claim.data[6] & 0x0f) | 0x40;
-	claim->claim.data[8] = (claim->claim.data[8] & 0x3f) | 0x80;
-	claim->session_bound = session_bound;
-	claim->owner_pid = MyProcPid;
-	claim->owner_start = idem_owner_since;
-}
-
-/*
- * ereport the error for a claim given to complete, release or extend that
- * is not the record's current one.
- */
-static void
-idem_claim_error(text *key, const IdemRecord *rec)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("claim of idempotency key \"%s\" is not the current claim",
-					text_to_cstring(key)),
-			 rec->claim_null ?
-			 errdetail("The record was claimed by version 1.0 and has no claim.") :
-			 errdetail("The record is at attempt %d: the claim was taken over, or released and claimed again.",
-					   rec->attempt),
-			 errhint("Do not report this claim's result; the current claim will.")));
-}
-
-/*
- * Check a given claim against the record's: 55000 unless they are equal.
- */
-static void
-idem_check_claim(text *key, bool given, const pg_uuid_t *claim,
-				 const IdemRecord *rec)
-{
-	if (given &&
-		(rec->claim_null || memcmp(claim, &rec->claim, sizeof(pg_uuid_t)) != 0))
-		idem_claim_error(key, rec);
-}
-
-
-/* ----------------------------------------------------------------
  * ereport the "no live record" error of idem_complete.
  */
 static void
@@ -695,40 +477,6 @@ idem_no_record_error(text *scope, text *key)
 					text_to_cstring(key), text_to_cstring(scope)),
 			 errhint("Claim the key with idem_acquire first; a record that has expired or was released cannot be completed.")));
 }
-
-/*
- * ereport the error for a claim that was taken over by a later attempt.
- */
-static void
-idem_attempt_error(text *key, int32 given, const IdemRecord *rec)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("attempt %d of idempotency key \"%s\" is no longer current",
-					given, text_to_cstring(key)),
-			 errdetail("The record is at attempt %d: its lease ran out and the claim was taken over.",
-					   rec->attempt),
-			 errhint("Do not report this attempt's result; the current attempt will.")));
-}
-
-
-/*
- * ereport the error for a claim whose lease ran out at the largest attempt
- * an integer holds, which therefore cannot be taken over: the record stays
- * as it is.
- */
-static void
-idem_attempt_limit_error(text *key, const IdemRecord *rec)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-			 errmsg("attempt of idempotency key \"%s\" is out of range",
-					text_to_cstring(key)),
-			 errdetail("The claim's lease ran out at attempt %d, the largest value of type integer, so it cannot be taken over again.",
-					   rec->attempt),
-			 errhint("Release the claim with idem_release to start again at attempt 1, or wait until the record expires.")));
-}
-
 
 /* ----------------------------------------------------------------
  * idem_acquire
@@ -1519,145 +1267,61 @@ idem_lookup_1_1(PG_FUNCTION_ARGS)
 
 
 /* ----------------------------------------------------------------
- * One-time tokens (1.1)
- *
- * A token is a record of its own kind (is_token) in idempotency.records,
- * with the token as its key: stored, expired and dropped with the records,
- * invisible to every function of the keys and they to it, with a lock tag
- * class of its own.  Issued, it is 'processing'; consumed, 'completed'.
+ * One-time tokens (1.1, token.c)
  * ----------------------------------------------------------------
  */
-
-/* Random bytes of a token: 192 bits, 32 characters of base64url */
-#define IDEM_TOKEN_BYTES	24
-
-/*
- * Encode len bytes (a multiple of 3) in the URL-safe base64 alphabet of RFC
- * 4648, without padding, into dst (len / 3 * 4 characters and a NUL).
- */
-static void
-idem_base64url(const uint8 *src, int len, char *dst)
-{
-	static const char alphabet[] =
-		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-	int			i;
-
-	Assert(len % 3 == 0);
-	for (i = 0; i < len; i += 3)
-	{
-		uint32		v = ((uint32) src[i] << 16) | ((uint32) src[i + 1] << 8) | src[i + 2];
-
-		*dst++ = alphabet[(v >> 18) & 0x3f];
-		*dst++ = alphabet[(v >> 12) & 0x3f];
-		*dst++ = alphabet[(v >> 6) & 0x3f];
-		*dst++ = alphabet[v & 0x3f];
-	}
-	*dst = '\0';
-}
 
 /*
  * idem_token_issue(scope, ttl) returns text
  *
  * A new one-time token of scope, live for ttl (default
- * idempotency.default_ttl): 192 bits straight from the server's strong
- * random source, as 32 URL-safe characters.  No key lock and no look for a
- * record of the same token: nobody can know the token before it is
- * returned, and two equal tokens would take 2^96 of them to be likely.
+ * idempotency.default_ttl); see idem_token_make.
  */
 Datum
 idem_token_issue(PG_FUNCTION_ARGS)
 {
 	text	   *scope;
 	int64		ttl;
-	uint8		bytes[IDEM_TOKEN_BYTES];
-	char		encoded[IDEM_TOKEN_BYTES / 3 * 4 + 1];
 	text	   *token;
 	Relation	parent;
-	TimestampTz now;
 
 	scope = idem_check_ident(fcinfo, 0, false);
 	ttl = idem_check_ttl(fcinfo, 1);
 	PreventCommandDuringRecovery("idem_token_issue()");
 
-	if (!pg_strong_random(bytes, sizeof(bytes)))
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not generate a random token")));
-	idem_base64url(bytes, sizeof(bytes), encoded);
-	explicit_bzero(bytes, sizeof(bytes));
-	token = cstring_to_text(encoded);
-
+	token = idem_token_make();
 	parent = idem_records_open();
 	idem_require_1_1();
-	now = GetCurrentTimestamp();
-	idem_records_insert(parent, scope, token, true, NULL, now, 0, now + ttl,
-						NULL, NULL, NULL);
+	idem_token_store(parent, scope, token, ttl);
 	idem_records_close(parent);
-
-	idem_stats_add(IDEM_STAT_TOKENS_ISSUED, 1);
 	PG_RETURN_TEXT_P(token);
-}
-
-/*
- * ereport the error of a consume that found another transaction consuming
- * (or issuing) the same token and could not wait for it to end.
- */
-static void
-idem_token_busy_error(void)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-			 errmsg("could not consume one-time token: another transaction is still writing it"),
-			 errdetail("It waited idempotency.wait_timeout (%d ms) for that transaction, which is consuming or issuing the token, to end.",
-					   idem_wait_timeout),
-			 errhint("Retry: the token is spent if that transaction commits, and still live if it rolls back.")));
 }
 
 /*
  * idem_token_consume(token, scope) returns boolean
  *
  * True exactly once for a live token of scope; false when it was consumed
- * already, has expired, never existed or belongs to another scope.  The
- * protocol is idem_acquire's: under the token's lock, a dirty read; where
- * another transaction is writing the token, wait for it to end (up to
- * idempotency.wait_timeout, then 55P03: never false for a token whose
- * consumer may still roll back) and read again.
+ * already, has expired, never existed or belongs to another scope.  Waits
+ * up to idempotency.wait_timeout for another transaction writing the token
+ * (idem_token_spend).
  */
 Datum
 idem_token_consume(PG_FUNCTION_ARGS)
 {
-	IdemKey		k;
-	IdemKeyRead kr;
-	IdemRecord *rec = &kr.rec;
+	text	   *token;
+	text	   *scope;
 	Relation	parent;
-	bool		result = false;
+	bool		result;
 
-	k.key = idem_check_string(fcinfo, 0, "token", true);
-	k.scope = idem_check_ident(fcinfo, 1, false);
-	k.token = true;
+	token = idem_check_string(fcinfo, 0, "token", true);
+	scope = idem_check_ident(fcinfo, 1, false);
 	PreventCommandDuringRecovery("idem_token_consume()");
 
 	parent = idem_records_open();
 	idem_require_1_1();
-	idem_key_read_init(&kr, parent, &k,
-					   TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-												   idem_wait_timeout),
-					   idem_default_ttl_usecs(), NULL);
-	if (idem_lock_and_read(&kr) != IDEM_READ_LOCKED)
-		idem_token_busy_error();
-	idem_key_read_end(&kr);
-
-	if (rec->found && !rec->completed)
-	{
-		idem_records_consume(parent, rec, k.scope, k.key, kr.now);
-		result = true;
-	}
-	idem_unlock(&kr.tag, ExclusiveLock);
+	result = idem_token_spend(parent, scope, token, idem_wait_timeout,
+							  idem_default_ttl_usecs());
 	idem_records_close(parent);
-
-	idem_wait_clock_count(&kr.clock);
-	if (result)
-		idem_stats_add(IDEM_STAT_TOKENS_CONSUMED, 1);
 	PG_RETURN_BOOL(result);
 }
 

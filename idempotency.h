@@ -183,6 +183,25 @@ extern IdemReadResult idem_lock_and_read(IdemKeyRead *kr);
 extern void idem_key_read_sleep(IdemKeyRead *kr, long ms);
 extern void idem_key_read_end(IdemKeyRead *kr);
 
+/* claim.c: claim ids, owner sessions, claim and attempt errors */
+extern void idem_hold_owner_lock(void);
+extern bool idem_owner_is_me(const IdemRecord *rec);
+extern bool idem_owner_alive(const IdemRecord *rec);
+extern void idem_new_claim(IdemClaim *claim, bool session_bound);
+extern void idem_check_claim(text *key, bool given, const pg_uuid_t *claim,
+							 const IdemRecord *rec);
+extern void idem_attempt_error(text *key, int32 given,
+							   const IdemRecord *rec) pg_attribute_noreturn();
+extern void idem_attempt_limit_error(text *key,
+									 const IdemRecord *rec) pg_attribute_noreturn();
+
+/* token.c: one-time tokens */
+extern text *idem_token_make(void);
+extern void idem_token_store(Relation parent, text *scope, text *token,
+							 int64 ttl);
+extern bool idem_token_spend(Relation parent, text *scope, text *token,
+							 int wait_timeout_ms, int64 hint_ttl);
+
 /* records.c */
 extern void idem_records_init(void);
 extern Relation idem_records_open(void);
