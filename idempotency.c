@@ -610,8 +610,8 @@ idem_acquire_replay_unlocked(IdemAcquire *st, TimestampTz now)
 	if (IsolationUsesXactSnapshot() || !idem_filter_usable() ||
 		!ActiveSnapshotSet())
 		return false;
-	idem_records_find_filtered(st->parent, st->key.scope, st->key.key, now,
-							   st->hint, GetActiveSnapshot(), rec);
+	idem_records_find_filtered(st->parent, &st->key, now, st->hint,
+							   GetActiveSnapshot(), rec);
 	if (!rec->completed || !idem_settled(rec, st->hash, &st->outcome))
 		return false;
 	st->have_record = true;
@@ -639,23 +639,23 @@ static void
 idem_acquire_new_claim(IdemAcquire *st)
 {
 	IdemRecord *rec = &st->kr.rec;
-	TimestampTz now = st->kr.now;
-	TimestampTz expires_at = now + st->ttl;
-	TimestampTz locked_until;
+	IdemNewRecord nr;
 
+	nr.request_hash = st->hash;
+	nr.created_at = st->kr.now;
+	nr.expires_at = nr.created_at + st->ttl;
 	/* never the expires_at of a token under the same strings */
-	if (expires_at == rec->shadow_expires)
-		expires_at--;
-	locked_until = st->session_bound ? expires_at : now + st->lease;
+	if (nr.expires_at == rec->shadow_expires)
+		nr.expires_at--;
+	nr.locked_until = st->session_bound ? nr.expires_at :
+		nr.created_at + st->lease;
+	nr.claim = st->newclaim;
 	if (st->newclaim)
 		idem_new_claim(st->newclaim, st->session_bound);
-	idem_records_insert(st->parent, st->key.scope, st->key.key, false,
-						st->hash, now, locked_until, expires_at, st->newclaim,
-						&idem_last_claim.partoid, &idem_last_claim.tid);
-	idem_last_claim.xid = GetTopTransactionIdIfAny();
+	idem_records_insert(st->parent, &st->key, &nr, &idem_last_claim);
 	idem_unlock(&st->kr.tag, ExclusiveLock);
 	rec->attempt = 1;
-	rec->expires_at = expires_at;
+	rec->expires_at = nr.expires_at;
 	st->have_record = true;
 	st->outcome = IDEM_ACQUIRED;
 }
@@ -688,8 +688,7 @@ idem_acquire_takeover(IdemAcquire *st)
 		idem_attempt_limit_error(st->key.key, rec);
 	if (st->newclaim)
 		idem_new_claim(st->newclaim, st->session_bound);
-	idem_records_takeover(st->parent, rec, st->key.scope, st->key.key,
-						  rec->attempt + 1,
+	idem_records_takeover(st->parent, rec, &st->key, rec->attempt + 1,
 						  st->session_bound ? rec->expires_at :
 						  Min(now + st->lease, rec->expires_at),
 						  st->hash, st->newclaim);
@@ -1026,7 +1025,7 @@ idem_complete_common(FunctionCallInfo fcinfo, IdemApi api)
 	idem_check_claim(key, check_claim, &claim, rec);
 	if (!rec->completed)
 	{
-		idem_records_complete(parent, rec, scope, key, status,
+		idem_records_complete(parent, rec, &kr.key, status,
 							  PG_ARGISNULL(2) ? (Datum) 0 :
 							  PointerGetDatum(PG_GETARG_JSONB_P(2)),
 							  PG_ARGISNULL(2), kr.now);
@@ -1176,7 +1175,7 @@ idem_extend(PG_FUNCTION_ARGS)
 	else
 	{
 		locked_until = kr.now + Min(lease, rec->expires_at - kr.now);
-		idem_records_extend(parent, rec, scope, key, locked_until);
+		idem_records_extend(parent, rec, &kr.key, locked_until);
 	}
 	idem_unlock(&kr.tag, ExclusiveLock);
 

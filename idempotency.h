@@ -202,42 +202,48 @@ extern void idem_token_store(Relation parent, text *scope, text *token,
 extern bool idem_token_spend(Relation parent, text *scope, text *token,
 							 int wait_timeout_ms, int64 hint_ttl);
 
+/*
+ * The values of a record being inserted (idem_records_insert), beside its
+ * key: a processing record at attempt 1, or an unconsumed token.
+ */
+typedef struct IdemNewRecord
+{
+	bytea	   *request_hash;	/* or NULL: no payload check (tokens) */
+	TimestampTz created_at;
+	TimestampTz locked_until;	/* not written for a token */
+	TimestampTz expires_at;
+	const IdemClaim *claim;		/* the 1.1 columns, or NULL */
+} IdemNewRecord;
+
 /* records.c */
 extern void idem_records_init(void);
 extern Relation idem_records_open(void);
 extern bool idem_records_have_claims(void);
 extern void idem_records_close(Relation parent);
-extern void idem_records_find(Relation parent, text *scope, text *key,
-							  bool token, TimestampTz now, TimestampTz hint,
+extern void idem_records_find(Relation parent, const IdemKey *k,
+							  TimestampTz now, TimestampTz hint,
 							  Snapshot snapshot, IdemRecord *rec);
-extern void idem_records_find_filtered(Relation parent, text *scope,
-									   text *key, TimestampTz now,
-									   TimestampTz hint, Snapshot snapshot,
-									   IdemRecord *rec);
-extern void idem_records_insert(Relation parent, text *scope, text *key,
-								bool token, bytea *request_hash,
-								TimestampTz now,
-								TimestampTz locked_until,
-								TimestampTz expires_at,
-								const IdemClaim *claim,
-								Oid *partoid, ItemPointer tid);
-extern bool idem_records_fetch(Relation parent, Oid partoid,
-							   ItemPointer tid, text *scope, text *key,
-							   TimestampTz now, IdemRecord *rec);
+extern void idem_records_find_filtered(Relation parent, const IdemKey *k,
+									   TimestampTz now, TimestampTz hint,
+									   Snapshot snapshot, IdemRecord *rec);
+extern void idem_records_insert(Relation parent, const IdemKey *k,
+								const IdemNewRecord *nr, IdemPlace *place);
+extern bool idem_records_fetch(Relation parent, const IdemPlace *place,
+							   const IdemKey *k, TimestampTz now,
+							   IdemRecord *rec);
 extern void idem_records_takeover(Relation parent, const IdemRecord *rec,
-								  text *scope, text *key, int32 attempt,
+								  const IdemKey *k, int32 attempt,
 								  TimestampTz locked_until,
 								  bytea *request_hash,
 								  const IdemClaim *claim);
 extern void idem_records_extend(Relation parent, const IdemRecord *rec,
-								text *scope, text *key,
-								TimestampTz locked_until);
+								const IdemKey *k, TimestampTz locked_until);
 extern void idem_records_complete(Relation parent, const IdemRecord *rec,
-								  text *scope, text *key, int32 status,
+								  const IdemKey *k, int32 status,
 								  Datum body, bool body_null,
 								  TimestampTz now);
 extern void idem_records_consume(Relation parent, const IdemRecord *rec,
-								 text *scope, text *key, TimestampTz now);
+								 const IdemKey *k, TimestampTz now);
 extern void idem_records_delete(Relation parent, const IdemRecord *rec);
 extern List *idem_records_live_partitions(Relation parent, TimestampTz now);
 

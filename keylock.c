@@ -366,8 +366,7 @@ idem_read_mvcc(Relation parent, const IdemKey *k, TimestampTz now,
 {
 	Snapshot	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 
-	idem_records_find(parent, k->scope, k->key, k->token, now, hint,
-					  snapshot, rec);
+	idem_records_find(parent, k, now, hint, snapshot, rec);
 	UnregisterSnapshot(snapshot);
 }
 
@@ -384,8 +383,7 @@ idem_read_dirty(Relation parent, const IdemKey *k, TimestampTz now,
 	SnapshotData dirty;
 
 	InitDirtySnapshot(dirty);
-	idem_records_find(parent, k->scope, k->key, k->token, now, hint, &dirty,
-					  rec);
+	idem_records_find(parent, k, now, hint, &dirty, rec);
 }
 
 /*
@@ -553,9 +551,7 @@ idem_read_place(IdemKeyRead *kr)
 		return false;
 	(void) idem_lock(&kr->tag, ExclusiveLock, false);
 	kr->now = GetCurrentTimestamp();
-	if (idem_records_fetch(kr->parent, place->partoid,
-						   (ItemPointer) &place->tid, kr->key.scope,
-						   kr->key.key, kr->now, &kr->rec))
+	if (idem_records_fetch(kr->parent, place, &kr->key, kr->now, &kr->rec))
 		return true;
 	idem_unlock(&kr->tag, ExclusiveLock);
 	return false;

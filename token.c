@@ -82,10 +82,15 @@ idem_token_make(void)
 void
 idem_token_store(Relation parent, text *scope, text *token, int64 ttl)
 {
-	TimestampTz now = GetCurrentTimestamp();
+	IdemKey		k = {scope, token, true};
+	IdemNewRecord nr;
 
-	idem_records_insert(parent, scope, token, true, NULL, now, 0, now + ttl,
-						NULL, NULL, NULL);
+	nr.request_hash = NULL;
+	nr.created_at = GetCurrentTimestamp();
+	nr.locked_until = 0;
+	nr.expires_at = nr.created_at + ttl;
+	nr.claim = NULL;
+	idem_records_insert(parent, &k, &nr, NULL);
 	idem_stats_add(IDEM_STAT_TOKENS_ISSUED, 1);
 }
 
@@ -131,7 +136,7 @@ idem_token_spend(Relation parent, text *scope, text *token,
 	Assert(!rec->found || rec->is_token);
 	if (rec->found && !rec->completed)
 	{
-		idem_records_consume(parent, rec, scope, token, kr.now);
+		idem_records_consume(parent, rec, &k, kr.now);
 		result = true;
 	}
 	idem_unlock(&kr.tag, ExclusiveLock);
