@@ -206,6 +206,8 @@ idem_random_claim(pg_uuid_t *claim)
 void
 idem_new_claim(IdemClaim *claim, bool session_bound)
 {
+	/* a session-bound claim's owner lock is held before it is made */
+	Assert(!session_bound || idem_owner_since != 0);
 	idem_random_claim(&claim->claim);
 	claim->claim.data[6] = (claim->claim.data[6] & 0x0f) | 0x40;
 	claim->claim.data[8] = (claim->claim.data[8] & 0x3f) | 0x80;

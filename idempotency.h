@@ -3,10 +3,23 @@
  * idempotency.h
  *		Declarations shared by the idempotency extension's C files.
  *
- * idempotency.c holds the SQL-callable functions and the claim protocol;
- * records.c holds the storage access to idempotency.records; stats.c the
- * statistics in shared memory; filter.c the per-partition known-absent
- * filters in shared memory.
+ * The C files, each calling only files listed after it (and stats.c,
+ * which every file may count in, and which calls none of them):
+ *
+ *	idempotency.c	the SQL contract: _PG_init, settings, argument checks,
+ *					the SQL-callable functions and idem_acquire's protocol
+ *	token.c			one-time tokens: made, stored, spent
+ *	claim.c			claim ids, owner sessions of session-bound claims,
+ *					claim and attempt errors
+ *	keylock.c		key locks, waits, and the reads made under the key lock
+ *	reqhash.c		the request hash (SHA-256 of canonical jsonb)
+ *	records.c		storage access to idempotency.records, without SQL
+ *	filter.c		per-partition known-absent filters in shared memory
+ *	worker.c		background workers that build the filters
+ *	stats.c			statistics in shared memory
+ *
+ * records.c and filter.c, and filter.c and worker.c, still call each other
+ * (issue 25 leaves that to the filters' split).
  *
  * IDENTIFICATION
  *	  idempotency.h

@@ -615,6 +615,7 @@ idem_lock_and_read(IdemKeyRead *kr)
 	}
 
 	/* Committed or our own: the caller may act on it under the key lock. */
+	Assert(!rec->found || !TransactionIdIsValid(rec->waitxid));
 	idem_check_snapshot(kr->parent, &kr->key, kr->now, kr->now + kr->hint_ttl,
 						rec);
 	return IDEM_READ_LOCKED;

@@ -465,6 +465,8 @@ idem_prepare_write(Relation parent, AclMode mode)
 	const char *cmd = (mode == ACL_INSERT) ? "INSERT" :
 		(mode == ACL_UPDATE) ? "UPDATE" : "DELETE";
 
+	/* the caller holds the parent open across its probe and this write */
+	Assert(CheckRelationLockedByMe(parent, AccessShareLock, true));
 	PreventCommandIfReadOnly(cmd);
 	PreventCommandDuringRecovery(cmd);
 	LockRelationOid(RelationGetRelid(parent), RowExclusiveLock);
