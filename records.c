@@ -579,6 +579,89 @@ idem_fill_record(IdemRecord *rec, Relation rel, const IdemPartition *part,
 }
 
 /*
+ * The index scan of idem_probe: the live record of the search's kind that
+ * partition rel (open and locked, described by part) holds for the
+ * search's (scope, key), through its index (open and locked), into
+ * s->rec; true if found.
+ */
+static bool
+idem_probe_scan(const IdemSearch *s, Relation rel, Relation index,
+				const IdemPartition *part)
+{
+	Snapshot	snapshot = s->snapshot;
+	IdemRecord *rec = s->rec;
+	bool		token = s->k->token;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	ScanKeyData skey[2];
+	bool		found = false;
+
+	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[0], F_TEXTEQ,
+						   PointerGetDatum(s->k->scope));
+	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[1], F_TEXTEQ,
+						   PointerGetDatum(s->k->key));
+
+	slot = table_slot_create(rel, NULL);
+	scan = idem_index_beginscan(rel, index, snapshot, 2, 0);
+	index_rescan(scan, skey, 2, NULL, 0);
+	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		TimestampTz expires_at;
+		bool		inserting;
+
+		expires_at = DatumGetTimestampTz(slot_getattr(slot,
+													  part->attnum[COL_EXPIRES_AT],
+													  &isnull));
+		if (isnull || expires_at <= s->now)
+			continue;
+
+		/*
+		 * A live record of the other kind under the same strings is passed
+		 * over; its expires_at is noted, so that a record written next to it
+		 * does not collide with it in the unique index.
+		 */
+		if (part->attnum[COL_IS_TOKEN] == InvalidAttrNumber ? token :
+			DatumGetBool(slot_getattr(slot, part->attnum[COL_IS_TOKEN],
+									  &isnull)) != token)
+		{
+			rec->shadow_expires = expires_at;
+			continue;
+		}
+
+		if (snapshot->snapshot_type != SNAPSHOT_DIRTY)
+		{
+			idem_fill_record(rec, rel, part, slot);
+			found = true;
+			break;
+		}
+
+		/*
+		 * A dirty snapshot also returns versions whose inserting, updating
+		 * or deleting transaction is still open, and says which transaction
+		 * that is.  A transaction updating a committed record makes a new
+		 * version it is inserting; the index may return either first, and
+		 * the committed one is what the caller must judge (its hash answers
+		 * mismatch at once), so keep looking past a version being inserted.
+		 */
+		inserting = TransactionIdIsValid(snapshot->xmin);
+		if (found && inserting)
+			continue;
+		idem_fill_record(rec, rel, part, slot);
+		rec->wait_insert = inserting;
+		rec->waitxid = inserting ? snapshot->xmin : snapshot->xmax;
+		found = true;
+		if (!inserting)
+			break;
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	return found;
+}
+
+/*
  * Look for the live record of the search's (scope, key), of the kind asked
  * for (a one-time token, or an idempotency key), in one partition.  maybe:
  * the partition's filter says the key may be there.
@@ -586,16 +669,10 @@ idem_fill_record(IdemRecord *rec, Relation rel, const IdemPartition *part,
 static bool
 idem_probe(const IdemSearch *s, Oid relid, bool maybe)
 {
-	Snapshot	snapshot = s->snapshot;
-	IdemRecord *rec = s->rec;
-	bool		token = s->k->token;
 	Relation	rel;
 	Relation	index;
 	IdemPartition part;
-	IndexScanDesc scan;
-	TupleTableSlot *slot;
-	ScanKeyData skey[2];
-	bool		found = false;
+	bool		found;
 	bool		empty;
 
 	rel = table_open(relid, AccessShareLock);
@@ -623,7 +700,7 @@ idem_probe(const IdemSearch *s, Oid relid, bool maybe)
 	 * transaction, as for a partition that holds records.
 	 */
 	empty = !maybe && RelationGetNumberOfBlocks(rel) == 0;
-	if (empty && !(IsMVCCSnapshot(snapshot) && IsolationIsSerializable()))
+	if (empty && !(IsMVCCSnapshot(s->snapshot) && IsolationIsSerializable()))
 	{
 		/*
 		 * Cache what idem_trusted needs, so that from the next call on the
@@ -642,68 +719,7 @@ idem_probe(const IdemSearch *s, Oid relid, bool maybe)
 	idem_partition_info(rel, &part);
 	index = index_open(part.indexoid, AccessShareLock);
 
-	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
-						   index->rd_indcollation[0], F_TEXTEQ,
-						   PointerGetDatum(s->k->scope));
-	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
-						   index->rd_indcollation[1], F_TEXTEQ,
-						   PointerGetDatum(s->k->key));
-
-	slot = table_slot_create(rel, NULL);
-	scan = idem_index_beginscan(rel, index, snapshot, 2, 0);
-	index_rescan(scan, skey, 2, NULL, 0);
-	while (index_getnext_slot(scan, ForwardScanDirection, slot))
-	{
-		bool		isnull;
-		TimestampTz expires_at;
-		bool		inserting;
-
-		expires_at = DatumGetTimestampTz(slot_getattr(slot,
-													  part.attnum[COL_EXPIRES_AT],
-													  &isnull));
-		if (isnull || expires_at <= s->now)
-			continue;
-
-		/*
-		 * A live record of the other kind under the same strings is passed
-		 * over; its expires_at is noted, so that a record written next to it
-		 * does not collide with it in the unique index.
-		 */
-		if (part.attnum[COL_IS_TOKEN] == InvalidAttrNumber ? token :
-			DatumGetBool(slot_getattr(slot, part.attnum[COL_IS_TOKEN],
-									  &isnull)) != token)
-		{
-			rec->shadow_expires = expires_at;
-			continue;
-		}
-
-		if (snapshot->snapshot_type != SNAPSHOT_DIRTY)
-		{
-			idem_fill_record(rec, rel, &part, slot);
-			found = true;
-			break;
-		}
-
-		/*
-		 * A dirty snapshot also returns versions whose inserting, updating
-		 * or deleting transaction is still open, and says which transaction
-		 * that is.  A transaction updating a committed record makes a new
-		 * version it is inserting; the index may return either first, and
-		 * the committed one is what the caller must judge (its hash answers
-		 * mismatch at once), so keep looking past a version being inserted.
-		 */
-		inserting = TransactionIdIsValid(snapshot->xmin);
-		if (found && inserting)
-			continue;
-		idem_fill_record(rec, rel, &part, slot);
-		rec->wait_insert = inserting;
-		rec->waitxid = inserting ? snapshot->xmin : snapshot->xmax;
-		found = true;
-		if (!inserting)
-			break;
-	}
-	index_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
+	found = idem_probe_scan(s, rel, index, &part);
 
 	/*
 	 * Under SERIALIZABLE an empty partition was probed all the same, for the
