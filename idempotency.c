@@ -908,12 +908,14 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 	return (Datum) 0;
 }
 
+/* The 1.0 symbol of idem_acquire_common */
 Datum
 idem_acquire(PG_FUNCTION_ARGS)
 {
 	return idem_acquire_common(fcinfo, IDEM_API_1_0);
 }
 
+/* The 1.1 symbol of idem_acquire_common */
 Datum
 idem_acquire_1_1(PG_FUNCTION_ARGS)
 {
@@ -1027,12 +1029,14 @@ idem_complete_common(FunctionCallInfo fcinfo, IdemApi api)
 	PG_RETURN_BOOL(result);
 }
 
+/* The 1.0 symbol of idem_complete_common */
 Datum
 idem_complete(PG_FUNCTION_ARGS)
 {
 	return idem_complete_common(fcinfo, IDEM_API_1_0);
 }
 
+/* The 1.1 symbol of idem_complete_common */
 Datum
 idem_complete_1_1(PG_FUNCTION_ARGS)
 {
@@ -1093,12 +1097,14 @@ idem_release_common(FunctionCallInfo fcinfo, IdemApi api)
 	PG_RETURN_BOOL(result);
 }
 
+/* The 1.0 symbol of idem_release_common */
 Datum
 idem_release(PG_FUNCTION_ARGS)
 {
 	return idem_release_common(fcinfo, IDEM_API_1_0);
 }
 
+/* The 1.1 symbol of idem_release_common */
 Datum
 idem_release_1_1(PG_FUNCTION_ARGS)
 {
@@ -1241,12 +1247,14 @@ idem_lookup_common(FunctionCallInfo fcinfo, IdemApi api)
 	return (Datum) 0;
 }
 
+/* The 1.0 symbol of idem_lookup_common */
 Datum
 idem_lookup(PG_FUNCTION_ARGS)
 {
 	return idem_lookup_common(fcinfo, IDEM_API_1_0);
 }
 
+/* The 1.1 symbol of idem_lookup_common */
 Datum
 idem_lookup_1_1(PG_FUNCTION_ARGS)
 {

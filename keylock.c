@@ -128,6 +128,10 @@ idem_lock(const LOCKTAG *tag, LOCKMODE mode, bool dontWait)
 	return result;
 }
 
+/*
+ * Let go of a lock taken by idem_lock (or handed to this level by
+ * idem_wait_lock_blocking's subtransaction).
+ */
 void
 idem_unlock(const LOCKTAG *tag, LOCKMODE mode)
 {
@@ -220,6 +224,7 @@ idem_wait_lock_blocking(const LOCKTAG *tag, LOCKMODE mode, long timeout_ms)
 	return acquired;
 }
 
+/* A clock that has timed no wait yet */
 static inline void
 idem_wait_clock_init(IdemWaitClock *clock)
 {
@@ -227,6 +232,7 @@ idem_wait_clock_init(IdemWaitClock *clock)
 	INSTR_TIME_SET_ZERO(clock->total);
 }
 
+/* A wait begins, at *start */
 static inline void
 idem_wait_clock_start(IdemWaitClock *clock, instr_time *start)
 {
@@ -234,6 +240,7 @@ idem_wait_clock_start(IdemWaitClock *clock, instr_time *start)
 	INSTR_TIME_SET_CURRENT(*start);
 }
 
+/* The wait that began at *start ends: add its time */
 static inline void
 idem_wait_clock_stop(IdemWaitClock *clock, const instr_time *start)
 {
