@@ -516,6 +516,7 @@ typedef struct IdemAcquire
 	TimestampTz deadline;		/* of the waits: idempotency.wait_timeout */
 	TimestampTz hint;			/* where a new claim's record would go */
 	int			poll_ms;		/* the next sleep of a poll */
+	bool		locked;			/* the locked passes ran: kr is set up */
 	IdemKeyRead kr;				/* kr.rec: the record the answer is about */
 	/* the answer */
 	IdemOutcome outcome;
@@ -550,6 +551,7 @@ idem_acquire_check(FunctionCallInfo fcinfo, IdemApi api, IdemAcquire *st)
 	st->xact_open = false;
 	st->taken_over = false;
 	st->poll_ms = IDEM_POLL_MIN_MS;
+	st->locked = false;
 }
 
 /*
@@ -843,8 +845,9 @@ idem_acquire_answer(FunctionCallInfo fcinfo, const IdemAcquire *st)
 }
 
 /*
- * Count the call in the statistics: its outcome, a takeover, its waits and
- * its duration since start.
+ * Count the call in the statistics: its outcome, a takeover, its waits (a
+ * replay answered without the key lock never waited, and never set up the
+ * clock) and its duration since start.
  */
 static void
 idem_acquire_count(const IdemAcquire *st, const instr_time *start)
@@ -852,7 +855,8 @@ idem_acquire_count(const IdemAcquire *st, const instr_time *start)
 	idem_stats_add(idem_outcome_stats[st->outcome], 1);
 	if (st->taken_over)
 		idem_stats_add(IDEM_STAT_TAKEN_OVER, 1);
-	idem_wait_clock_count(&st->kr.clock);
+	if (st->locked)
+		idem_wait_clock_count(&st->kr.clock);
 	idem_stats_acquire_time(start);
 }
 
@@ -893,6 +897,7 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 	{
 		idem_key_read_init(&st.kr, st.parent, &st.key, st.deadline, st.ttl,
 						   NULL);
+		st.locked = true;
 		st.kr.writer_settles = idem_acquire_writer_settles;
 		st.kr.settles_arg = st.hash;
 		while (idem_acquire_locked_pass(&st) == IDEM_STEP_POLL &&
