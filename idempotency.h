@@ -203,10 +203,8 @@ extern bool idem_owner_alive(const IdemRecord *rec);
 extern void idem_new_claim(IdemClaim *claim, bool session_bound);
 extern void idem_check_claim(text *key, bool given, const pg_uuid_t *claim,
 							 const IdemRecord *rec);
-extern void idem_attempt_error(text *key, int32 given,
-							   const IdemRecord *rec) pg_attribute_noreturn();
-extern void idem_attempt_limit_error(text *key,
-									 const IdemRecord *rec) pg_attribute_noreturn();
+extern void idem_attempt_error(text *key, int32 given, const IdemRecord *rec);
+extern void idem_attempt_limit_error(text *key, const IdemRecord *rec);
 
 /* token.c: one-time tokens */
 extern text *idem_token_make(void);
