@@ -16,6 +16,10 @@ MODULE_big = idempotency
 OBJS = \
 	$(WIN32RES) \
 	idempotency.o \
+	claim.o \
+	keylock.o \
+	reqhash.o \
+	token.o \
 	records.o \
 	stats.o \
 	filter.o \
@@ -48,5 +52,5 @@ PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
 # A server built with OpenSSL has the request's SHA-256 computed through
-# libcrypto directly (idempotency.c, idem_sha256), as pgcrypto links it.
+# libcrypto directly (reqhash.c, idem_sha256), as pgcrypto links it.
 SHLIB_LINK += $(filter -lcrypto, $(LIBS))

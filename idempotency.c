@@ -8,48 +8,17 @@
  * table range-partitioned on expires_at.  The SQL contract these functions
  * implement is README.md (and the team's API.md); this file is the "how".
  *
- * Uniqueness.  A partitioned table cannot carry a unique index on (scope,
- * key) without the partition key, so uniqueness of the live record is this
- * module's job, done the way a unique index does it.  Every write of a
- * (scope, key) -- claim, takeover, complete, release -- is made while
- * holding an ExclusiveLock on a lock tag derived from (database, hash of
- * scope and key), after a read of the live partitions with a dirty
- * snapshot, which sees committed versions and also the versions other
- * transactions are still writing.  If another transaction is writing the
- * record, we let go of the key lock, wait for that transaction to end, and
- * read again; otherwise we write and let go of the key lock at once.  The
- * key lock thus covers only the read and the write after it: a transaction
- * that claims many keys holds no lock per key, and a duplicate of a claim
- * made in an open transaction waits on that transaction itself.  The tag is
- * an advisory-type tag whose fourth field is IDEM_LOCKTAG_CLASS; the
- * user-facing pg_advisory_* functions only ever use 1 or 2 there, so they
- * cannot collide with ours.  A hash collision between two keys only makes
- * them take turns.
+ * Uniqueness, waiting and snapshots.  Every write of a (scope, key) is made
+ * under its key lock, after a read that sees what other transactions are
+ * still writing, waiting for them where need be, and checked against the
+ * transaction's snapshot under REPEATABLE READ and SERIALIZABLE: keylock.c,
+ * whose header says how and why.
  *
  * Replays.  A completed record never changes until it expires, so
  * idem_acquire answers a key whose completed record its statement's
  * snapshot sees without taking the key lock, where the known-absent
  * filters (filter.c) say which partitions to look in; everything else is
  * read again under the lock.
- *
- * Waiting.  A duplicate of a claim still running waits up to
- * idempotency.wait_timeout.  While the claiming transaction is open, the
- * wait is a real heavyweight-lock wait on that transaction (no CPU, woken at
- * once when it ends, visible in pg_locks, covered by deadlock detection);
- * its timeout is implemented with PostgreSQL's own lock_timeout machinery
- * inside a subtransaction, entered only when there is something to wait
- * for.  Once the claim is committed as 'processing' (lease mode, across
- * transactions) there is no transaction to wait for, so the duplicate sleeps
- * on its latch in short, growing steps and reads again.  Both waits answer
- * query cancel, statement_timeout and lock_timeout.  Every pass of a wait
- * after the first works in a memory context that the next pass resets, so
- * a wait of any length runs in flat memory.
- *
- * Snapshots.  Under REPEATABLE READ or SERIALIZABLE, the record we act on
- * must also be what the transaction's snapshot sees; if it was claimed,
- * completed, taken over or released by a transaction that committed after
- * the snapshot was taken, acting on it or ignoring it would break either
- * isolation or idempotency, so we raise serialization_failure.
  *
  * Clock.  "Now" is the server's clock at the time of the call
  * (clock_timestamp()), not the transaction's start: expiry and leases follow
@@ -69,36 +38,19 @@
 
 #include <limits.h>
 
-#ifdef USE_OPENSSL
-#include <openssl/err.h>
-#include <openssl/evp.h>
-#endif
-
 #include "access/detoast.h"
-#include "access/subtrans.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
-#include "common/cryptohash.h"
-#include "common/hashfn.h"
 #include "common/int.h"
 #include "fmgr.h"
 #include "funcapi.h"
-#include "mb/pg_wchar.h"
 #include "miscadmin.h"
-#include "pgstat.h"
-#include "storage/latch.h"
-#include "storage/lmgr.h"
 #include "storage/lock.h"
-#include "storage/proc.h"
-#include "storage/procarray.h"
 #include "tcop/utility.h"
 #include "utils/builtins.h"
-#include "utils/datum.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
-#include "utils/memutils.h"
 #include "utils/snapmgr.h"
-#include "utils/timeout.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
 
@@ -110,23 +62,12 @@ PG_MODULE_MAGIC;
 void		_PG_init(void);
 #endif
 
-/* locktag_field4 of our key locks; user advisory locks use 1 and 2 */
-#define IDEM_LOCKTAG_CLASS		0x4944
-
-/* locktag_field4 of the lock of a one-time token */
-#define IDEM_TOKEN_LOCKTAG_CLASS	0x4946
-
-/* locktag_field4 of the lock a session-bound claim's owner holds */
-#define IDEM_OWNER_LOCKTAG_CLASS	0x4945
-
 /* retry_after of an in_progress claim that has no lease end to count to */
 #define IDEM_RETRY_AFTER_MIN	1
 
 /* Sleep steps while waiting for a committed claim to complete, in ms */
 #define IDEM_POLL_MIN_MS		2
 #define IDEM_POLL_MAX_MS		50
-
-#define SHA256_DIGEST_BYTES		32
 
 /* GUC variables */
 static int	idem_default_ttl = 24 * 60 * 60;	/* seconds */
@@ -144,14 +85,7 @@ static int	idem_maintenance_lock_timeout = 100;	/* milliseconds */
  * place instead of probing the partitions for it.  idem_records_fetch checks
  * that the row there is still that claim.
  */
-typedef struct IdemLastClaim
-{
-	TransactionId xid;			/* top-level transaction that wrote it */
-	Oid			partoid;
-	ItemPointerData tid;
-} IdemLastClaim;
-
-static IdemLastClaim idem_last_claim = {InvalidTransactionId};
+static IdemPlace idem_last_claim = {InvalidTransactionId};
 
 /* idempotency.default_ttl in microseconds */
 static inline int64
@@ -507,128 +441,9 @@ idem_check_result_natts(FunctionCallInfo fcinfo, int natts)
 
 
 /* ----------------------------------------------------------------
- * Request hash
+ * Request hash (reqhash.c)
  * ----------------------------------------------------------------
  */
-
-#ifdef USE_OPENSSL
-/*
- * The digest and context of idem_sha256, made on first use and kept for the
- * backend's life.  pg_cryptohash makes a context and, under OpenSSL 3,
- * looks the algorithm up in the provider store on every call: together
- * some 8,000 instructions, as much as hashing the request itself, on every
- * idem_acquire.
- */
-#if OPENSSL_VERSION_NUMBER >= 0x30000000L
-static EVP_MD *idem_sha256_md = NULL;
-#else
-static const EVP_MD *idem_sha256_md = NULL;
-#endif
-static EVP_MD_CTX *idem_sha256_ctx = NULL;
-static bool idem_sha256_failed = false; /* OpenSSL could not make them */
-
-/*
- * Make the kept digest and context; false if OpenSSL cannot, and then it is
- * not asked again.
- */
-static bool
-idem_sha256_setup(void)
-{
-	if (idem_sha256_ctx != NULL)
-		return true;
-	if (idem_sha256_failed)
-		return false;
-#if OPENSSL_VERSION_NUMBER >= 0x30000000L
-	idem_sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
-#else
-	idem_sha256_md = EVP_sha256();
-#endif
-	if (idem_sha256_md != NULL)
-	{
-#if OPENSSL_VERSION_NUMBER >= 0x10100000L
-		idem_sha256_ctx = EVP_MD_CTX_new();
-#else
-		idem_sha256_ctx = EVP_MD_CTX_create();
-#endif
-	}
-	if (idem_sha256_ctx == NULL)
-	{
-#if OPENSSL_VERSION_NUMBER >= 0x30000000L
-		EVP_MD_free(idem_sha256_md);
-#endif
-		idem_sha256_md = NULL;
-		idem_sha256_failed = true;
-		ERR_clear_error();
-		return false;
-	}
-	return true;
-}
-#endif
-
-/*
- * SHA-256 of len bytes at data into digest.  With OpenSSL, through the kept
- * context; without it (or should OpenSSL fail), through pg_cryptohash,
- * whose errors are then reported.
- */
-static void
-idem_sha256(const uint8 *data, size_t len, uint8 *digest)
-{
-	pg_cryptohash_ctx *ctx;
-
-#ifdef USE_OPENSSL
-	if (idem_sha256_setup())
-	{
-		unsigned int outlen;
-
-		if (EVP_DigestInit_ex(idem_sha256_ctx, idem_sha256_md, NULL) == 1 &&
-			EVP_DigestUpdate(idem_sha256_ctx, data, len) == 1 &&
-			EVP_DigestFinal_ex(idem_sha256_ctx, digest, &outlen) == 1 &&
-			outlen == SHA256_DIGEST_BYTES)
-			return;
-		/* leave no error of ours for pg_cryptohash to report */
-		ERR_clear_error();
-	}
-#endif
-
-	ctx = pg_cryptohash_create(PG_SHA256);
-	if (pg_cryptohash_init(ctx) < 0 ||
-		pg_cryptohash_update(ctx, data, len) < 0 ||
-		pg_cryptohash_final(ctx, digest, SHA256_DIGEST_BYTES) < 0)
-		elog(ERROR, "could not compute SHA-256 hash: %s",
-			 pg_cryptohash_error(ctx));
-	pg_cryptohash_free(ctx);
-}
-
-/*
- * SHA-256 of jsonb's canonical text, as a freshly palloc'd bytea.
- *
- * JsonbToCString produces exactly jsonb_out's text, which is what the
- * contract hashes, so the result equals
- * sha256(convert_to(request::text, 'UTF8')).  jsonb text is in the database
- * encoding; in a non-UTF-8 database it is converted first.
- */
-static bytea *
-idem_hash_jsonb(Jsonb *jb)
-{
-	StringInfoData buf;
-	char	   *text;
-	size_t		len;
-	bytea	   *result;
-
-	initStringInfo(&buf);
-	JsonbToCString(&buf, &jb->root, VARSIZE(jb));
-	text = pg_server_to_any(buf.data, buf.len, PG_UTF8);
-	len = (text == buf.data) ? (size_t) buf.len : strlen(text);
-
-	result = (bytea *) palloc(VARHDRSZ + SHA256_DIGEST_BYTES);
-	SET_VARSIZE(result, VARHDRSZ + SHA256_DIGEST_BYTES);
-	idem_sha256((const uint8 *) text, len, (uint8 *) VARDATA(result));
-
-	if (text != buf.data)
-		pfree(text);
-	pfree(buf.data);
-	return result;
-}
 
 /*
  * idem_request_hash(request jsonb) returns bytea
@@ -639,700 +454,6 @@ idem_request_hash(PG_FUNCTION_ARGS)
 	PG_RETURN_BYTEA_P(idem_hash_jsonb(PG_GETARG_JSONB_P(0)));
 }
 
-/*
- * Do a stored hash and a request's hash disagree?  Where either is NULL
- * (no payload check asked for) there is no mismatch.
- */
-static bool
-idem_hash_mismatch(const IdemRecord *rec, const bytea *hash)
-{
-	bytea	   *stored;
-
-	if (rec->hash_null || hash == NULL)
-		return false;
-	stored = DatumGetByteaPP(rec->request_hash);
-	return VARSIZE_ANY_EXHDR(stored) != VARSIZE_ANY_EXHDR(hash) ||
-		memcmp(VARDATA_ANY(stored), VARDATA_ANY(hash),
-			   VARSIZE_ANY_EXHDR(hash)) != 0;
-}
-
-
-/* ----------------------------------------------------------------
- * Locks and waits
- * ----------------------------------------------------------------
- */
-
-/*
- * Build the lock tag of (scope, key) in this database: an idempotency key's,
- * or a one-time token's (token), which never conflict.
- */
-static void
-idem_key_locktag(LOCKTAG *tag, text *scope, text *key, bool token)
-{
-	uint64		h;
-
-	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(scope),
-							VARSIZE_ANY_EXHDR(scope), 0);
-	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(key),
-							VARSIZE_ANY_EXHDR(key), h);
-	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
-						 token ? IDEM_TOKEN_LOCKTAG_CLASS : IDEM_LOCKTAG_CLASS);
-}
-
-/*
- * Acquire or release a lock on behalf of the current (sub)transaction.
- *
- * The locks are transaction locks, but they are made the current
- * transaction level's resource owner's rather than the running portal's,
- * so that they stay releasable by idem_unlock after the subtransaction of
- * idem_wait_lock has handed them to its parent.
- */
-static LockAcquireResult
-idem_lock(const LOCKTAG *tag, LOCKMODE mode, bool dontWait)
-{
-	ResourceOwner save_owner = CurrentResourceOwner;
-	LockAcquireResult result;
-
-	CurrentResourceOwner = CurTransactionResourceOwner;
-	result = LockAcquire(tag, mode, false, dontWait);
-	CurrentResourceOwner = save_owner;
-	return result;
-}
-
-static void
-idem_unlock(const LOCKTAG *tag, LOCKMODE mode)
-{
-	ResourceOwner save_owner = CurrentResourceOwner;
-
-	CurrentResourceOwner = CurTransactionResourceOwner;
-	LockRelease(tag, mode, false);
-	CurrentResourceOwner = save_owner;
-}
-
-/*
- * Take a lock that was not free, waiting at most timeout_ms (> 0).  Returns
- * false if it could not be had in time.
- *
- * We wait in the lock manager's own queue (no CPU, woken as soon as the holder lets go,
- * visible in pg_locks, covered by deadlock detection), with lock_timeout
- * temporarily set to our timeout, inside a subtransaction so that the lock
- * timeout error can be caught and turned into "not acquired".  If the
- * caller's own lock_timeout is shorter it is left in charge and its error
- * reaches the caller, as for any lock.  Any other error (cancel,
- * statement_timeout, deadlock) is re-thrown unchanged, and a statement
- * timeout that fired together with our lock timeout is raised rather than
- * lost.  (A query cancel that arrives in the same instant as our timeout is
- * indistinguishable from it and is lost; the caller then sees a timeout.)
- */
-static bool
-idem_wait_lock_blocking(const LOCKTAG *tag, LOCKMODE mode, long timeout_ms)
-{
-	MemoryContext oldcontext = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
-	int			save_lock_timeout = LockTimeout;
-	bool		statement_timer_armed;
-	volatile bool acquired = false;
-
-	timeout_ms = Min(timeout_ms, INT_MAX);
-	if (LockTimeout > 0 && LockTimeout <= timeout_ms)
-	{
-		(void) idem_lock(tag, mode, false);
-		return true;
-	}
-
-	statement_timer_armed = get_timeout_active(STATEMENT_TIMEOUT);
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcontext);
-
-	PG_TRY();
-	{
-		LockTimeout = (int) timeout_ms;
-		(void) idem_lock(tag, mode, false);
-		/* a lock timeout that fired just as the lock was granted lands here */
-		CHECK_FOR_INTERRUPTS();
-		LockTimeout = save_lock_timeout;
-
-		/* the lock passes to the parent transaction */
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcontext);
-		CurrentResourceOwner = oldowner;
-		acquired = true;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		LockTimeout = save_lock_timeout;
-		MemoryContextSwitchTo(oldcontext);
-		edata = CopyErrorData();
-		FlushErrorState();
-
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcontext);
-		CurrentResourceOwner = oldowner;
-
-		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
-			ReThrowError(edata);
-		FreeErrorData(edata);
-
-		/*
-		 * When the statement timeout fired too, the interrupt handler
-		 * reported only the lock timeout, which came first, and cleared
-		 * both.  A statement timer that was armed before the wait and is
-		 * not any more has fired.
-		 */
-		if (statement_timer_armed && !get_timeout_active(STATEMENT_TIMEOUT))
-			ereport(ERROR,
-					(errcode(ERRCODE_QUERY_CANCELED),
-					 errmsg("canceling statement due to statement timeout")));
-	}
-	PG_END_TRY();
-
-	return acquired;
-}
-
-/*
- * The time a call spends waiting for other sessions, for the statistics
- * (waits, wait_time).  Only the waits themselves are timed: a call that
- * does not wait reads no clock for it.
- */
-typedef struct IdemWaitClock
-{
-	bool		waited;
-	instr_time	total;
-} IdemWaitClock;
-
-static inline void
-idem_wait_clock_init(IdemWaitClock *clock)
-{
-	clock->waited = false;
-	INSTR_TIME_SET_ZERO(clock->total);
-}
-
-static inline void
-idem_wait_clock_start(IdemWaitClock *clock, instr_time *start)
-{
-	clock->waited = true;
-	INSTR_TIME_SET_CURRENT(*start);
-}
-
-static inline void
-idem_wait_clock_stop(IdemWaitClock *clock, const instr_time *start)
-{
-	instr_time	end;
-
-	INSTR_TIME_SET_CURRENT(end);
-	INSTR_TIME_ACCUM_DIFF(clock->total, end, *start);
-}
-
-/*
- * Count a call's waits, if it waited.
- */
-static void
-idem_wait_clock_count(const IdemWaitClock *clock)
-{
-	if (!clock->waited)
-		return;
-	idem_stats_add(IDEM_STAT_WAITS, 1);
-	idem_stats_add(IDEM_STAT_WAIT_USECS,
-				   (uint64) INSTR_TIME_GET_MICROSEC(clock->total));
-}
-
-/*
- * Take a lock, waiting at most timeout_ms (idem_wait_lock_blocking), after
- * trying for it without waiting; the wait is timed on clock.
- */
-static bool
-idem_wait_lock(const LOCKTAG *tag, LOCKMODE mode, long timeout_ms,
-			   IdemWaitClock *clock)
-{
-	instr_time	start;
-	bool		acquired;
-
-	if (idem_lock(tag, mode, true) != LOCKACQUIRE_NOT_AVAIL)
-		return true;
-	if (timeout_ms <= 0)
-		return false;
-	idem_wait_clock_start(clock, &start);
-	acquired = idem_wait_lock_blocking(tag, mode, timeout_ms);
-	idem_wait_clock_stop(clock, &start);
-	return acquired;
-}
-
-/*
- * Wait until transaction xid has ended, but not past deadline.  Returns
- * false if it is still running at the deadline.
- *
- * The lock of a subtransaction goes when the subtransaction ends, even when
- * it commits into its parent, whose outcome then decides.  So, once the lock
- * of the transaction we wait on is granted while xid is still in progress,
- * we wait on its parent, and so on up: a rollback to a savepoint at any
- * level ends the wait at once.  (XactLockTableWait jumps to the top-level
- * transaction instead, which would wait past such a rollback.)
- */
-static bool
-idem_wait_xact(TransactionId xid, TimestampTz deadline, IdemWaitClock *clock)
-{
-	TransactionId waiton = xid;
-
-	for (;;)
-	{
-		LOCKTAG		tag;
-		TransactionId parent;
-
-		SET_LOCKTAG_TRANSACTION(tag, waiton);
-		if (!idem_wait_lock(&tag, ShareLock,
-							TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
-															deadline),
-							clock))
-			return false;
-		idem_unlock(&tag, ShareLock);
-		CHECK_FOR_INTERRUPTS();
-
-		if (!TransactionIdIsInProgress(xid))
-			return true;
-
-		parent = SubTransGetParent(waiton);
-		if (TransactionIdIsValid(parent))
-			waiton = parent;
-		else
-		{
-			/*
-			 * A top-level transaction in progress whose lock we could take:
-			 * it is just ending.  Look again in a moment, as
-			 * XactLockTableWait does.
-			 */
-			if (GetCurrentTimestamp() >= deadline)
-				return false;
-			pg_usleep(1000L);
-		}
-	}
-}
-
-
-/* ----------------------------------------------------------------
- * Claims and their owners (1.1)
- * ----------------------------------------------------------------
- */
-
-/*
- * This backend's current ownership: the backend's start time for its first,
- * or when it took the owner lock again after an ownership ended; 0 before
- * its first session-bound claim.  A record's owner_start
- * is this value, so an ownership that ended while the backend lives on
- * (DISCARD ALL from a session pooler handing the connection to another
- * client, pg_advisory_unlock_all()) cannot be taken for the next one.
- */
-static TimestampTz idem_owner_since = 0;
-
-/*
- * Build the lock tag of a session-bound claim's owner: the backend's pid and
- * when its ownership began, in this database.  A new backend that gets a
- * dead owner's pid, or a later ownership of the same backend, has another
- * start, hence another tag.
- */
-static void
-idem_owner_locktag(LOCKTAG *tag, int32 pid, TimestampTz start)
-{
-	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) pid, (uint32) start,
-						 IDEM_OWNER_LOCKTAG_CLASS);
-}
-
-/*
- * Whether this backend still holds the owner lock of its current ownership.
- * One lookup in the backend's local lock table: acquiring a lock already held
- * only counts it again, and the count is given back at once.  A lock that
- * was let go of (by pg_advisory_unlock_all() or DISCARD ALL, which release
- * every session-level advisory lock) is acquired anew here and given back
- * too.
- */
-static bool
-idem_owner_lock_held(void)
-{
-	LOCKTAG		tag;
-	LockAcquireResult result;
-
-	if (idem_owner_since == 0)
-		return false;
-	idem_owner_locktag(&tag, MyProcPid, idem_owner_since);
-	result = LockAcquire(&tag, ExclusiveLock, true, false);
-	LockRelease(&tag, ExclusiveLock, true);
-	return result == LOCKACQUIRE_ALREADY_HELD ||
-		result == LOCKACQUIRE_ALREADY_CLEAR;
-}
-
-/*
- * Make sure this backend holds its owner lock, before it makes a
- * session-bound claim: a session-level lock, held until the backend exits
- * or lets go of its session-level advisory locks.  It is an advisory-type
- * lock because the regular lock method drops session locks at the abort of
- * any transaction.  When the lock of the current ownership was let go of,
- * that ownership has ended (its claims are taken over as their owner's
- * would be after a disconnect) and a new one begins, with a tag of its own.
- */
-static void
-idem_hold_owner_lock(void)
-{
-	LOCKTAG		tag;
-	TimestampTz previous = idem_owner_since;
-
-	if (idem_owner_lock_held())
-		return;
-	/* the backend's start, or now for an ownership after one that ended */
-	idem_owner_since = (previous == 0) ? MyStartTimestamp :
-		Max(GetCurrentTimestamp(), previous + 1);
-	idem_owner_locktag(&tag, MyProcPid, idem_owner_since);
-	(void) LockAcquire(&tag, ExclusiveLock, true, false);
-}
-
-/*
- * Whether a session-bound record's owner is this backend's current, unended
- * ownership.  Its own lock would not conflict with the probe of
- * idem_owner_alive, so it is recognised by pid and start instead.
- */
-static bool
-idem_owner_is_me(const IdemRecord *rec)
-{
-	return idem_owner_since != 0 &&
-		rec->owner_pid == MyProcPid &&
-		rec->owner_start == idem_owner_since &&
-		idem_owner_lock_held();
-}
-
-/*
- * Is the owner session of a session-bound record alive?  It is while it
- * holds its owner lock: we try for the lock without waiting and give it
- * back at once.  After the owner's exit, crash or a server restart, or once
- * it let go of its advisory locks, nobody holds it.
- */
-static bool
-idem_owner_alive(const IdemRecord *rec)
-{
-	LOCKTAG		tag;
-
-	if (idem_owner_is_me(rec))
-		return true;
-	if (rec->owner_pid == MyProcPid && rec->owner_start == idem_owner_since)
-		return false;			/* ours, and let go of */
-	idem_owner_locktag(&tag, rec->owner_pid, rec->owner_start);
-	if (idem_lock(&tag, ShareLock, true) == LOCKACQUIRE_NOT_AVAIL)
-		return true;
-	idem_unlock(&tag, ShareLock);
-	return false;
-}
-
-/*
- * Random bytes for the next claims of this backend, drawn from
- * pg_strong_random IDEM_CLAIM_POOL claims at a time.  Each call of
- * pg_strong_random costs about 8,500 instructions of fixed overhead with
- * OpenSSL 3 (RAND_bytes looks up its DRBG and that DRBG's parameters every
- * time), more than half of what 1.1 added to an acquire of a new key; the
- * bytes themselves are cheap.  The claims are the same bytes of the same
- * source, only fetched in batches: every claim is still 16 bytes straight
- * from pg_strong_random, so as unpredictable as before.
- *
- * Each claim's bytes are handed out once: the position moves past them
- * before they are used, and they are wiped from the pool as they are taken,
- * so that the pool never holds a claim that was already made.  Bytes not
- * yet taken are no more exposed than the state of the DRBG that would
- * produce them, which lives in the same process memory.
- *
- * A pool must never be shared by two processes, or both would hand out the
- * same claims.  Only a backend running idem_acquire fills it, never the
- * postmaster (which may have loaded the library), so a PostgreSQL child
- * starts with an empty one; and a pool filled under another MyProcPid (a
- * process forked after filling it) is thrown away rather than used.
- */
-#define IDEM_CLAIM_POOL		32
-
-static uint8 idem_claim_pool[IDEM_CLAIM_POOL * UUID_LEN];
-static int	idem_claim_pool_next = IDEM_CLAIM_POOL;	/* empty */
-static int	idem_claim_pool_pid = 0;
-
-/*
- * Take the next claim's 16 random bytes from the pool, refilling it from
- * pg_strong_random when it is empty or not this process's.
- */
-static void
-idem_random_claim(pg_uuid_t *claim)
-{
-	uint8	   *bytes;
-
-	if (idem_claim_pool_next >= IDEM_CLAIM_POOL ||
-		idem_claim_pool_pid != MyProcPid)
-	{
-		/* empty until filled, should pg_strong_random fail */
-		idem_claim_pool_next = IDEM_CLAIM_POOL;
-		if (!pg_strong_random(idem_claim_pool, sizeof(idem_claim_pool)))
-		{
-			explicit_bzero(idem_claim_pool, sizeof(idem_claim_pool));
-			ereport(ERROR,
-					(errcode(ERRCODE_INTERNAL_ERROR),
-					 errmsg("could not generate a random claim")));
-		}
-		idem_claim_pool_next = 0;
-		idem_claim_pool_pid = MyProcPid;
-	}
-	bytes = idem_claim_pool + idem_claim_pool_next * UUID_LEN;
-	idem_claim_pool_next++;
-	memcpy(claim->data, bytes, UUID_LEN);
-	explicit_bzero(bytes, UUID_LEN);
-}
-
-/*
- * Make a new claim: 122 random bits from the strong random source, as a
- * version 4 UUID, with this session as owner if session-bound.
- */
-static void
-idem_new_claim(IdemClaim *claim, bool session_bound)
-{
-	idem_random_claim(&claim->claim);
-	claim->claim.data[6] = (claim->claim.data[6] & 0x0f) | 0x40;
-	claim->claim.data[8] = (claim->claim.data[8] & 0x3f) | 0x80;
-	claim->session_bound = session_bound;
-	claim->owner_pid = MyProcPid;
-	claim->owner_start = idem_owner_since;
-}
-
-/*
- * ereport the error for a claim given to complete, release or extend that
- * is not the record's current one.
- */
-static void
-idem_claim_error(text *key, const IdemRecord *rec)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("claim of idempotency key \"%s\" is not the current claim",
-					text_to_cstring(key)),
-			 rec->claim_null ?
-			 errdetail("The record was claimed by version 1.0 and has no claim.") :
-			 errdetail("The record is at attempt %d: the claim was taken over, or released and claimed again.",
-					   rec->attempt),
-			 errhint("Do not report this claim's result; the current claim will.")));
-}
-
-/*
- * Check a given claim against the record's: 55000 unless they are equal.
- */
-static void
-idem_check_claim(text *key, bool given, const pg_uuid_t *claim,
-				 const IdemRecord *rec)
-{
-	if (given &&
-		(rec->claim_null || memcmp(claim, &rec->claim, sizeof(pg_uuid_t)) != 0))
-		idem_claim_error(key, rec);
-}
-
-
-/* ----------------------------------------------------------------
- * Reading records
- * ----------------------------------------------------------------
- */
-
-/*
- * ereport the serialization failure of a key changed after the transaction's
- * snapshot was taken.
- */
-static void
-idem_serialization_error(text *key, bool token)
-{
-	if (token)
-		ereport(ERROR,
-				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-				 errmsg("could not serialize access due to concurrent change of a one-time token"),
-				 errdetail("The token was consumed or issued by a transaction that committed after this transaction's snapshot was taken."),
-				 errhint("Retry the transaction.")));
-	ereport(ERROR,
-			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-			 errmsg("could not serialize access due to concurrent change of idempotency key \"%s\"",
-					text_to_cstring(key)),
-			 errdetail("The key's record was changed by a transaction that committed after this transaction's snapshot was taken."),
-			 errhint("Retry the transaction.")));
-}
-
-/*
- * Read the live record of (scope, key) with the snapshot a query of the
- * caller would use.  hint is where the record most likely is (see
- * idem_records_find).
- */
-static void
-idem_read_mvcc(Relation parent, text *scope, text *key, bool token,
-			   TimestampTz now, TimestampTz hint, IdemRecord *rec)
-{
-	Snapshot	snapshot = RegisterSnapshot(GetTransactionSnapshot());
-
-	idem_records_find(parent, scope, key, token, now, hint, snapshot, rec);
-	UnregisterSnapshot(snapshot);
-}
-
-/*
- * Read the live record of (scope, key) as the key lock holder must before it
- * writes: with a dirty snapshot, which sees every committed version and also
- * those that other transactions are still writing (rec->waitxid then names
- * the transaction to wait for).
- */
-static void
-idem_read_dirty(Relation parent, text *scope, text *key, bool token,
-				TimestampTz now, TimestampTz hint, IdemRecord *rec)
-{
-	SnapshotData dirty;
-
-	InitDirtySnapshot(dirty);
-	idem_records_find(parent, scope, key, token, now, hint, &dirty, rec);
-}
-
-/*
- * Memory of the loops that wait.  Each pass of such a loop reads the record
- * again, and a read allocates a few kilobytes (more with many partitions);
- * a duplicate of a committed processing claim polls every 50 ms for as long
- * as idempotency.wait_timeout, which any user may raise.  So that a wait of
- * any length runs in flat memory, every pass after the first works in a
- * child of the caller's memory context that the next pass resets.  The
- * first pass, all that a call which does not wait ever runs, works in the
- * caller's context and pays nothing for this.
- */
-typedef struct IdemPasses
-{
-	MemoryContext caller;		/* the caller's context, to return to */
-	MemoryContext pass;			/* the passes' context, made for pass 2 */
-	int			npasses;		/* passes begun so far */
-} IdemPasses;
-
-/*
- * Prepare for the passes of a waiting loop, in the current memory context.
- */
-static void
-idem_passes_init(IdemPasses *passes)
-{
-	passes->caller = CurrentMemoryContext;
-	passes->pass = NULL;
-	passes->npasses = 0;
-}
-
-/*
- * Begin a pass of a waiting loop: from the second on, in the passes'
- * context, emptied of what the previous pass allocated.  Nothing allocated
- * by an earlier pass may be used after this.
- */
-static void
-idem_pass_begin(IdemPasses *passes)
-{
-	if (passes->npasses++ == 0)
-		return;
-	if (passes->pass == NULL)
-		passes->pass = AllocSetContextCreate(passes->caller,
-											 "idempotency wait pass",
-											 ALLOCSET_DEFAULT_SIZES);
-	else
-		MemoryContextReset(passes->pass);
-	MemoryContextSwitchTo(passes->pass);
-}
-
-/*
- * End a waiting loop: return to the caller's memory context, copy there the
- * pass-by-reference values of the record the last pass read, and free
- * everything else the passes allocated.
- */
-static void
-idem_passes_end(IdemPasses *passes, IdemRecord *rec)
-{
-	MemoryContextSwitchTo(passes->caller);
-	if (passes->pass == NULL)
-		return;
-	if (rec->found && !rec->hash_null)
-		rec->request_hash = datumCopy(rec->request_hash, false, -1);
-	if (rec->found && !rec->body_null)
-		rec->response_body = datumCopy(rec->response_body, false, -1);
-	MemoryContextDelete(passes->pass);
-	passes->pass = NULL;
-}
-
-/*
- * Under REPEATABLE READ or SERIALIZABLE, check that the transaction's
- * snapshot sees the same record (or the same absence of one) that the dirty
- * read found and we are about to act on.  If not, the record was claimed,
- * completed, taken over or released by a transaction that committed after
- * the snapshot: acting on it, or ignoring it, would break isolation or
- * idempotency, so raise serialization_failure.  The read also gives SSI the
- * predicate locks of an ordinary read.
- */
-static void
-idem_check_snapshot(Relation parent, text *scope, text *key, bool token,
-					TimestampTz now, TimestampTz hint,
-					const IdemRecord *current)
-{
-	IdemRecord	seen;
-
-	if (!IsolationUsesXactSnapshot())
-		return;
-	idem_read_mvcc(parent, scope, key, token, now, hint, &seen);
-
-	/*
-	 * Compare what the record says rather than row versions: maintenance
-	 * moving a record out of the DEFAULT partition makes a new version of
-	 * an unchanged record.  A claim has its own created_at; a takeover
-	 * changes attempt and locked_until; completion changes completed.
-	 */
-	if (seen.found != current->found ||
-		(seen.found &&
-		 (seen.created_at != current->created_at ||
-		  seen.attempt != current->attempt ||
-		  seen.completed != current->completed ||
-		  seen.locked_until_null != current->locked_until_null ||
-		  (!seen.locked_until_null &&
-		   seen.locked_until != current->locked_until))))
-		idem_serialization_error(key, token);
-}
-
-/*
- * Lock the key and read its record with a dirty snapshot, waiting for any
- * other transaction still writing the record (lock_timeout and cancel apply
- * as to any lock), until the record found is committed or our own.  For the
- * functions that change a record a claim already exists for.
- *
- * The claim this transaction made last (the usual pattern: acquire, business
- * writes, complete) is read where idem_acquire wrote it, if it is still
- * there and this key's (idem_records_fetch checks); anything else is probed
- * for.  A version this transaction wrote needs neither a wait nor the
- * snapshot check.
- */
-static void
-idem_lock_and_read(Relation parent, const LOCKTAG *tag, text *scope,
-				   text *key, TimestampTz *now, IdemRecord *rec)
-{
-	IdemPasses	passes;
-	IdemWaitClock clock;
-
-	if (TransactionIdIsValid(idem_last_claim.xid) &&
-		idem_last_claim.xid == GetTopTransactionIdIfAny())
-	{
-		(void) idem_lock(tag, ExclusiveLock, false);
-		*now = GetCurrentTimestamp();
-		if (idem_records_fetch(parent, idem_last_claim.partoid,
-							   &idem_last_claim.tid, scope, key, *now, rec))
-			return;
-		idem_unlock(tag, ExclusiveLock);
-	}
-
-	idem_wait_clock_init(&clock);	/* these waits are not counted */
-	idem_passes_init(&passes);
-	for (;;)
-	{
-		idem_pass_begin(&passes);
-		(void) idem_lock(tag, ExclusiveLock, false);
-		*now = GetCurrentTimestamp();
-		idem_read_dirty(parent, scope, key, false, *now,
-						*now + idem_default_ttl_usecs(), rec);
-		if (!rec->found || !TransactionIdIsValid(rec->waitxid))
-			break;
-		idem_unlock(tag, ExclusiveLock);
-		(void) idem_wait_xact(rec->waitxid, DT_NOEND, &clock);
-	}
-	idem_passes_end(&passes, rec);
-	idem_check_snapshot(parent, scope, key, false, *now,
-						*now + idem_default_ttl_usecs(), rec);
-}
 
 /*
  * ereport the "no live record" error of idem_complete.
@@ -1346,40 +467,6 @@ idem_no_record_error(text *scope, text *key)
 					text_to_cstring(key), text_to_cstring(scope)),
 			 errhint("Claim the key with idem_acquire first; a record that has expired or was released cannot be completed.")));
 }
-
-/*
- * ereport the error for a claim that was taken over by a later attempt.
- */
-static void
-idem_attempt_error(text *key, int32 given, const IdemRecord *rec)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("attempt %d of idempotency key \"%s\" is no longer current",
-					given, text_to_cstring(key)),
-			 errdetail("The record is at attempt %d: its lease ran out and the claim was taken over.",
-					   rec->attempt),
-			 errhint("Do not report this attempt's result; the current attempt will.")));
-}
-
-
-/*
- * ereport the error for a claim whose lease ran out at the largest attempt
- * an integer holds, which therefore cannot be taken over: the record stays
- * as it is.
- */
-static void
-idem_attempt_limit_error(text *key, const IdemRecord *rec)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-			 errmsg("attempt of idempotency key \"%s\" is out of range",
-					text_to_cstring(key)),
-			 errdetail("The claim's lease ran out at attempt %d, the largest value of type integer, so it cannot be taken over again.",
-					   rec->attempt),
-			 errhint("Release the claim with idem_release to start again at attempt 1, or wait until the record expires.")));
-}
-
 
 /* ----------------------------------------------------------------
  * idem_acquire
@@ -1410,6 +497,288 @@ idem_settled(const IdemRecord *rec, const bytea *hash, IdemOutcome *outcome)
 }
 
 /*
+ * The state of one call of idem_acquire, shared by the steps of
+ * idem_acquire_common: the checked arguments, the lock-and-read loop, and
+ * the answer taking shape.
+ */
+typedef struct IdemAcquire
+{
+	IdemApi		api;
+	/* the checked arguments */
+	IdemKey		key;
+	bytea	   *hash;			/* the request's, or NULL: no payload check */
+	int64		ttl;
+	int64		lease;
+	bool		session_bound;
+	/* the call */
+	Relation	parent;
+	IdemClaim	claim;			/* the claim written, at 1.1 */
+	IdemClaim  *newclaim;		/* &claim at 1.1, else NULL */
+	TimestampTz deadline;		/* of the waits: idempotency.wait_timeout */
+	TimestampTz hint;			/* where a new claim's record would go */
+	int			poll_ms;		/* the next sleep of a poll */
+	bool		locked;			/* the locked passes ran: kr is set up */
+	IdemKeyRead kr;				/* kr.rec: the record the answer is about */
+	/* the answer */
+	IdemOutcome outcome;
+	bool		have_record;	/* kr.rec says attempt and expires_at */
+	bool		xact_open;		/* in_progress of an open transaction */
+	bool		taken_over;
+} IdemAcquire;
+
+/* What a locked pass of idem_acquire came to */
+typedef enum IdemAcquireStep
+{
+	IDEM_STEP_DONE,				/* st->outcome is the answer */
+	IDEM_STEP_POLL				/* a claim of another session is running */
+} IdemAcquireStep;
+
+/*
+ * Check idem_acquire's arguments into st, before touching anything.
+ */
+static void
+idem_acquire_check(FunctionCallInfo fcinfo, IdemApi api, IdemAcquire *st)
+{
+	st->api = api;
+	st->key.key = idem_check_ident(fcinfo, 0, true);
+	st->key.scope = idem_check_ident(fcinfo, 2, false);
+	st->key.token = false;
+	idem_check_ttl_lease(fcinfo, 3, 4, &st->ttl, &st->lease);
+	st->hash = PG_ARGISNULL(1) ? NULL : idem_hash_jsonb(PG_GETARG_JSONB_P(1));
+	st->session_bound = api == IDEM_API_1_1 && !PG_ARGISNULL(5) &&
+		PG_GETARG_BOOL(5);
+	st->newclaim = (api == IDEM_API_1_1) ? &st->claim : NULL;
+	st->have_record = false;
+	st->xact_open = false;
+	st->taken_over = false;
+	st->poll_ms = IDEM_POLL_MIN_MS;
+	st->locked = false;
+}
+
+/*
+ * Make ready to answer and to write: the result's tuplestore, the table
+ * open, and at 1.1 its columns checked and, for a session-bound claim, the
+ * owner lock held.
+ */
+static void
+idem_acquire_open(FunctionCallInfo fcinfo, IdemAcquire *st)
+{
+	/* a standby can neither claim nor wait for the primary's claims */
+	PreventCommandDuringRecovery("idem_acquire()");
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	idem_check_result_natts(fcinfo, st->api == IDEM_API_1_1 ? 7 : 5);
+	st->parent = idem_records_open();
+	if (st->api == IDEM_API_1_1)
+	{
+		idem_require_1_1();
+		/* taken before any key lock, so that nothing waits on us for it */
+		if (st->session_bound)
+			idem_hold_owner_lock();
+	}
+}
+
+/*
+ * Answer from a completed record that the statement's snapshot sees,
+ * without the key lock; true if that answered (st->outcome and kr.rec set).
+ *
+ * A completed record is final until it expires: idem_complete and
+ * idem_release leave it alone, and maintenance only moves it whole out of
+ * the DEFAULT partition or deletes it once expired.  So a live completed
+ * record that the statement's snapshot sees already answers, replay or
+ * mismatch, as it would under the key lock, and a replay takes no lock at
+ * all.  The read looks only where the filters say the key may be, so a new
+ * key pays no index descent here; anything else (no record seen, or one not
+ * completed) is read again under the lock.  Only under READ COMMITTED: a
+ * transaction snapshot can be older than a record deleted by hand and
+ * claimed anew, which the check after the locked read turns into a
+ * serialization failure.
+ */
+static bool
+idem_acquire_replay_unlocked(IdemAcquire *st, TimestampTz now)
+{
+	IdemRecord *rec = &st->kr.rec;
+
+	if (IsolationUsesXactSnapshot() || !idem_filter_usable() ||
+		!ActiveSnapshotSet())
+		return false;
+	idem_records_find_filtered(st->parent, &st->key, now, st->hint,
+							   GetActiveSnapshot(), rec);
+	if (!rec->completed || !idem_settled(rec, st->hash, &st->outcome))
+		return false;
+	st->have_record = true;
+	return true;
+}
+
+/*
+ * writer_settles of idem_acquire's reads: another transaction is still
+ * writing the record.  A version it updates or deletes was committed, and a
+ * request hash never changes once set, so that can answer mismatch at once.
+ * A version it inserts is a claim whose fate, mismatch included, is known
+ * when that transaction ends: wait for it.
+ */
+static bool
+idem_acquire_writer_settles(const IdemRecord *rec, void *arg)
+{
+	return !rec->wait_insert && idem_hash_mismatch(rec, (const bytea *) arg);
+}
+
+/*
+ * No live record: write a new claim (attempt 1), and let go of the key
+ * lock.  Where it went is remembered for idem_complete.
+ */
+static void
+idem_acquire_new_claim(IdemAcquire *st)
+{
+	IdemRecord *rec = &st->kr.rec;
+	IdemNewRecord nr;
+
+	nr.request_hash = st->hash;
+	nr.created_at = st->kr.now;
+	nr.expires_at = nr.created_at + st->ttl;
+	/* never the expires_at of a token under the same strings */
+	if (nr.expires_at == rec->shadow_expires)
+		nr.expires_at--;
+	nr.locked_until = st->session_bound ? nr.expires_at :
+		nr.created_at + st->lease;
+	nr.claim = st->newclaim;
+	if (st->newclaim)
+		idem_new_claim(st->newclaim, st->session_bound);
+	idem_records_insert(st->parent, &st->key, &nr, &idem_last_claim);
+	idem_unlock(&st->kr.tag, ExclusiveLock);
+	rec->attempt = 1;
+	rec->expires_at = nr.expires_at;
+	st->have_record = true;
+	st->outcome = IDEM_ACQUIRED;
+}
+
+/*
+ * Is the processing record's claim over: its lease ran out, or
+ * (session-bound) its owner session is gone?
+ */
+static bool
+idem_claim_over(const IdemRecord *rec, TimestampTz now)
+{
+	if (rec->owner_null)
+		return rec->locked_until_null || rec->locked_until <= now;
+	return !idem_owner_alive(rec);
+}
+
+/*
+ * Take over a claim that is over, as the contract says, even when the claim
+ * is our own from earlier in this transaction, and let go of the key lock.
+ * An attempt number that cannot grow any more is an error, never a negative
+ * attempt.
+ */
+static void
+idem_acquire_takeover(IdemAcquire *st)
+{
+	IdemRecord *rec = &st->kr.rec;
+	TimestampTz now = st->kr.now;
+
+	if (rec->attempt >= PG_INT32_MAX)
+		idem_attempt_limit_error(st->key.key, rec);
+	if (st->newclaim)
+		idem_new_claim(st->newclaim, st->session_bound);
+	idem_records_takeover(st->parent, rec, &st->key, rec->attempt + 1,
+						  st->session_bound ? rec->expires_at :
+						  Min(now + st->lease, rec->expires_at),
+						  st->hash, st->newclaim);
+	idem_unlock(&st->kr.tag, ExclusiveLock);
+	rec->attempt++;
+	st->taken_over = true;
+	st->outcome = IDEM_ACQUIRED;
+}
+
+/*
+ * One locked pass: lock the key and read (idem_lock_and_read), then act on
+ * what was read.  DONE with st->outcome set and the key lock let go of;
+ * POLL where a claim of another session, committed, is still running.
+ */
+static IdemAcquireStep
+idem_acquire_locked_pass(IdemAcquire *st)
+{
+	IdemRecord *rec = &st->kr.rec;
+
+	switch (idem_lock_and_read(&st->kr))
+	{
+		case IDEM_READ_LOCK_TIMEOUT:
+			idem_read_mvcc(st->parent, &st->key, GetCurrentTimestamp(),
+						   st->hint, rec);
+			st->have_record = rec->found;
+			if (!idem_settled(rec, st->hash, &st->outcome))
+				st->outcome = IDEM_IN_PROGRESS;
+			return IDEM_STEP_DONE;
+		case IDEM_READ_WRITER_SETTLES:
+			st->have_record = true;
+			st->outcome = IDEM_MISMATCH;
+			return IDEM_STEP_DONE;
+		case IDEM_READ_WRITER_TIMEOUT:
+			st->have_record = !rec->wait_insert;
+			st->xact_open = true;
+			st->outcome = IDEM_IN_PROGRESS;
+			return IDEM_STEP_DONE;
+		case IDEM_READ_LOCKED:
+			break;
+	}
+
+	/* Committed or our own: we act on it under the key lock. */
+	st->have_record = rec->found;
+	if (!rec->found)
+	{
+		idem_acquire_new_claim(st);
+		return IDEM_STEP_DONE;
+	}
+	if (idem_settled(rec, st->hash, &st->outcome))
+	{
+		idem_unlock(&st->kr.tag, ExclusiveLock);
+		return IDEM_STEP_DONE;
+	}
+	if (idem_claim_over(rec, st->kr.now))
+	{
+		idem_acquire_takeover(st);
+		return IDEM_STEP_DONE;
+	}
+	idem_unlock(&st->kr.tag, ExclusiveLock);
+
+	/*
+	 * Our own claim, from earlier in this transaction or (session-bound) of
+	 * this session, still held: nothing to wait for.
+	 */
+	if (TransactionIdIsCurrentTransactionId(rec->xmin) ||
+		(!rec->owner_null && idem_owner_is_me(rec)))
+	{
+		st->xact_open = true;
+		st->outcome = IDEM_IN_PROGRESS;
+		return IDEM_STEP_DONE;
+	}
+	return IDEM_STEP_POLL;
+}
+
+/*
+ * Committed, still processing, lease still running (or owner still alive):
+ * the holder is working across transactions.  Sleep a moment, longer each
+ * time, for the next locked pass; false, with the answer in_progress, once
+ * the deadline has come.
+ */
+static bool
+idem_acquire_poll(IdemAcquire *st)
+{
+	long		remaining_ms;
+
+	remaining_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
+												   st->deadline);
+	if (remaining_ms <= 0)
+	{
+		st->outcome = IDEM_IN_PROGRESS;
+		return false;
+	}
+	idem_key_read_sleep(&st->kr, Min(remaining_ms, st->poll_ms));
+	st->poll_ms = Min(st->poll_ms * 2, IDEM_POLL_MAX_MS);
+	return true;
+}
+
+/*
  * Whole seconds, rounded up and at least 1, from now until the end of the
  * lease of an in_progress record: what retry_after says.  1 where there is
  * no lease end to count to: the claiming transaction is still open
@@ -1432,316 +801,127 @@ idem_retry_after(const IdemRecord *rec, bool have_record, bool xact_open)
 }
 
 /*
+ * Put idem_acquire's one row into the result.
+ */
+static void
+idem_acquire_answer(FunctionCallInfo fcinfo, const IdemAcquire *st)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	const IdemRecord *rec = &st->kr.rec;
+	Datum		values[7];
+	bool		nulls[7];
+
+	memset(nulls, true, sizeof(nulls));
+	values[0] = CStringGetTextDatum(idem_outcome_names[st->outcome]);
+	nulls[0] = false;
+	if (st->outcome == IDEM_REPLAY)
+	{
+		values[1] = Int32GetDatum(rec->response_status);
+		nulls[1] = rec->status_null;
+		values[2] = rec->response_body;
+		nulls[2] = rec->body_null;
+	}
+	if (st->have_record)
+	{
+		values[3] = Int32GetDatum(rec->attempt);
+		nulls[3] = false;
+		values[4] = TimestampTzGetDatum(rec->expires_at);
+		nulls[4] = false;
+	}
+	if (st->api == IDEM_API_1_1)
+	{
+		if (st->outcome == IDEM_ACQUIRED)
+		{
+			values[5] = UUIDPGetDatum(&st->claim.claim);
+			nulls[5] = false;
+		}
+		if (st->outcome == IDEM_IN_PROGRESS)
+		{
+			values[6] = Int32GetDatum(idem_retry_after(rec, st->have_record,
+													   st->xact_open));
+			nulls[6] = false;
+		}
+	}
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+}
+
+/*
+ * Count the call in the statistics: its outcome, a takeover, its waits (a
+ * replay answered without the key lock never waited, and never set up the
+ * clock) and its duration since start.
+ */
+static void
+idem_acquire_count(const IdemAcquire *st, const instr_time *start)
+{
+	idem_stats_add(idem_outcome_stats[st->outcome], 1);
+	if (st->taken_over)
+		idem_stats_add(IDEM_STAT_TAKEN_OVER, 1);
+	if (st->locked)
+		idem_wait_clock_count(&st->kr.clock);
+	idem_stats_acquire_time(start);
+}
+
+/*
  * idem_acquire(key, request, scope, ttl, lease)
  *		returns table (outcome, response_status, response_body, attempt,
  *					   expires_at)
  * idem_acquire_1_1(key, request, scope, ttl, lease, session_bound)
  *		returns table (..., expires_at, claim, retry_after)
  *
- * Always exactly one row.  See the file header for the protocol.  1.1
- * writes a new claim with every acquired, and a session-bound claim is
- * taken over as soon as its owner session is gone rather than when its
- * lease runs out.
+ * Always exactly one row.  The protocol: a replay answered without the key
+ * lock where it can be, else locked passes (keylock.c) until one settles
+ * the answer, polling between them while another session's committed claim
+ * runs.  1.1 writes a new claim with every acquired, and a session-bound
+ * claim is taken over as soon as its owner session is gone rather than when
+ * its lease runs out.
  */
 static Datum
 idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	text	   *key;
-	text	   *scope;
-	bytea	   *hash = NULL;
-	int64		ttl;
-	int64		lease;
-	bool		session_bound = false;
-	IdemClaim	claim;
-	IdemClaim  *newclaim = NULL;
-	LOCKTAG		tag;
-	TimestampTz deadline;
-	TimestampTz now;
-	TimestampTz hint;
-	IdemRecord	rec;
-	IdemOutcome outcome;
-	bool		have_record = false;
-	bool		xact_open = false;
-	int			poll_ms = IDEM_POLL_MIN_MS;
-	IdemPasses	passes;
-	IdemWaitClock clock;
+	IdemAcquire st;
 	instr_time	start;
 	bool		counting;
-	bool		taken_over = false;
-	Relation	parent;
-	Datum		values[7];
-	bool		nulls[7];
+	TimestampTz now;
 
 	counting = idem_stats_on();
 	if (counting)
 		INSTR_TIME_SET_CURRENT(start);
 
-	/* Check everything before touching anything */
-	key = idem_check_ident(fcinfo, 0, true);
-	scope = idem_check_ident(fcinfo, 2, false);
-	idem_check_ttl_lease(fcinfo, 3, 4, &ttl, &lease);
-	if (!PG_ARGISNULL(1))
-		hash = idem_hash_jsonb(PG_GETARG_JSONB_P(1));
-	if (api == IDEM_API_1_1 && !PG_ARGISNULL(5))
-		session_bound = PG_GETARG_BOOL(5);
-
-	/* a standby can neither claim nor wait for the primary's claims */
-	PreventCommandDuringRecovery("idem_acquire()");
-
-	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	idem_check_result_natts(fcinfo, api == IDEM_API_1_1 ? 7 : 5);
-	parent = idem_records_open();
-	if (api == IDEM_API_1_1)
-	{
-		idem_require_1_1();
-		newclaim = &claim;
-		/* taken before any key lock, so that nothing waits on us for it */
-		if (session_bound)
-			idem_hold_owner_lock();
-	}
+	idem_acquire_check(fcinfo, api, &st);
+	idem_acquire_open(fcinfo, &st);
 
 	now = GetCurrentTimestamp();
-	deadline = TimestampTzPlusMilliseconds(now, idem_wait_timeout);
-	hint = now + ttl;
+	st.deadline = TimestampTzPlusMilliseconds(now, idem_wait_timeout);
+	st.hint = now + st.ttl;
 
-	idem_wait_clock_init(&clock);
-	idem_passes_init(&passes);
-
-	/*
-	 * A completed record is final until it expires: idem_complete and
-	 * idem_release leave it alone, and maintenance only moves it whole out
-	 * of the DEFAULT partition or deletes it once expired.  So a live
-	 * completed record that the statement's snapshot sees already answers,
-	 * replay or mismatch, as it would under the key lock, and a replay
-	 * takes no lock at all.  The read looks only where the filters say the
-	 * key may be, so a new key pays no index descent here; anything else
-	 * (no record seen, or one not completed) is read again under the lock.
-	 * Only under READ COMMITTED: a transaction snapshot can be older than a
-	 * record deleted by hand and claimed anew, which the check after the
-	 * locked read turns into a serialization failure.
-	 */
-	if (!IsolationUsesXactSnapshot() && idem_filter_usable() &&
-		ActiveSnapshotSet())
+	if (!idem_acquire_replay_unlocked(&st, now))
 	{
-		idem_records_find_filtered(parent, scope, key, now, hint,
-								   GetActiveSnapshot(), &rec);
-		if (rec.completed && idem_settled(&rec, hash, &outcome))
-		{
-			have_record = true;
-			goto answer;
-		}
+		idem_key_read_init(&st.kr, st.parent, &st.key, st.deadline, st.ttl,
+						   NULL);
+		st.locked = true;
+		st.kr.writer_settles = idem_acquire_writer_settles;
+		st.kr.settles_arg = st.hash;
+		while (idem_acquire_locked_pass(&st) == IDEM_STEP_POLL &&
+			   idem_acquire_poll(&st))
+			;
+		idem_key_read_end(&st.kr);
 	}
 
-	/* only the locked path needs the key lock's tag */
-	idem_key_locktag(&tag, scope, key, false);
-	for (;;)
-	{
-		long		remaining_ms;
-
-		idem_pass_begin(&passes);
-
-		/*
-		 * The key lock is only ever held across a read and the write that
-		 * follows it, so a wait for it is short; it runs out only when the
-		 * holder is stuck.
-		 */
-		remaining_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
-													   deadline);
-		if (!idem_wait_lock(&tag, ExclusiveLock, remaining_ms, &clock))
-		{
-			idem_read_mvcc(parent, scope, key, false, GetCurrentTimestamp(),
-						   hint, &rec);
-			have_record = rec.found;
-			if (!idem_settled(&rec, hash, &outcome))
-				outcome = IDEM_IN_PROGRESS;
-			break;
-		}
-
-		now = GetCurrentTimestamp();
-		idem_read_dirty(parent, scope, key, false, now, hint, &rec);
-
-		if (rec.found && TransactionIdIsValid(rec.waitxid))
-		{
-			/*
-			 * Another transaction is still writing the record.  A version it
-			 * updates or deletes was committed, and a request hash never
-			 * changes once set, so that can answer mismatch at once.  A
-			 * version it inserts is a claim whose fate, mismatch included,
-			 * is known when that transaction ends: wait for it.
-			 */
-			idem_unlock(&tag, ExclusiveLock);
-			if (!rec.wait_insert && idem_hash_mismatch(&rec, hash))
-			{
-				idem_check_snapshot(parent, scope, key, false, now, hint, &rec);
-				have_record = true;
-				outcome = IDEM_MISMATCH;
-				break;
-			}
-			if (!idem_wait_xact(rec.waitxid, deadline, &clock))
-			{
-				have_record = !rec.wait_insert;
-				xact_open = true;
-				outcome = IDEM_IN_PROGRESS;
-				break;
-			}
-			continue;
-		}
-
-		/* Committed or our own: we may act on it under the key lock. */
-		idem_check_snapshot(parent, scope, key, false, now, hint, &rec);
-		have_record = rec.found;
-
-		if (!rec.found)
-		{
-			TimestampTz expires_at = now + ttl;
-			TimestampTz locked_until;
-
-			/* never the expires_at of a token under the same strings */
-			if (expires_at == rec.shadow_expires)
-				expires_at--;
-			locked_until = session_bound ? expires_at : now + lease;
-			if (newclaim)
-				idem_new_claim(newclaim, session_bound);
-			idem_records_insert(parent, scope, key, false, hash, now,
-								locked_until, expires_at, newclaim,
-								&idem_last_claim.partoid,
-								&idem_last_claim.tid);
-			idem_last_claim.xid = GetTopTransactionIdIfAny();
-			idem_unlock(&tag, ExclusiveLock);
-			rec.attempt = 1;
-			rec.expires_at = expires_at;
-			have_record = true;
-			outcome = IDEM_ACQUIRED;
-			break;
-		}
-
-		if (idem_settled(&rec, hash, &outcome))
-		{
-			idem_unlock(&tag, ExclusiveLock);
-			break;
-		}
-
-		/*
-		 * Its lease has run out, or (session-bound) its owner session is
-		 * gone: take it over, as the contract says, even when the claim is
-		 * our own from earlier in this transaction.  An attempt number that
-		 * cannot grow any more is an error, never a negative attempt.
-		 */
-		if (rec.owner_null ?
-			(rec.locked_until_null || rec.locked_until <= now) :
-			!idem_owner_alive(&rec))
-		{
-			if (rec.attempt >= PG_INT32_MAX)
-				idem_attempt_limit_error(key, &rec);
-			if (newclaim)
-				idem_new_claim(newclaim, session_bound);
-			idem_records_takeover(parent, &rec, scope, key, rec.attempt + 1,
-								  session_bound ? rec.expires_at :
-								  Min(now + lease, rec.expires_at),
-								  hash, newclaim);
-			idem_unlock(&tag, ExclusiveLock);
-			rec.attempt++;
-			taken_over = true;
-			outcome = IDEM_ACQUIRED;
-			break;
-		}
-
-		/*
-		 * Our own claim, from earlier in this transaction or (session-bound)
-		 * of this session, still held: nothing to wait for.
-		 */
-		if (TransactionIdIsCurrentTransactionId(rec.xmin) ||
-			(!rec.owner_null && idem_owner_is_me(&rec)))
-		{
-			idem_unlock(&tag, ExclusiveLock);
-			xact_open = true;
-			outcome = IDEM_IN_PROGRESS;
-			break;
-		}
-
-		/*
-		 * Committed, still processing, lease still running (or owner still
-		 * alive): the holder is working across transactions.  Look again in
-		 * a moment.
-		 */
-		idem_unlock(&tag, ExclusiveLock);
-		remaining_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
-													   deadline);
-		if (remaining_ms <= 0)
-		{
-			outcome = IDEM_IN_PROGRESS;
-			break;
-		}
-		{
-			instr_time	sleep_start;
-
-			idem_wait_clock_start(&clock, &sleep_start);
-			(void) WaitLatch(MyLatch,
-							 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-							 Min(remaining_ms, poll_ms),
-							 PG_WAIT_EXTENSION);
-			idem_wait_clock_stop(&clock, &sleep_start);
-		}
-		ResetLatch(MyLatch);
-		CHECK_FOR_INTERRUPTS();
-		poll_ms = Min(poll_ms * 2, IDEM_POLL_MAX_MS);
-	}
-	idem_passes_end(&passes, &rec);
-
-answer:
-	memset(nulls, true, sizeof(nulls));
-	values[0] = CStringGetTextDatum(idem_outcome_names[outcome]);
-	nulls[0] = false;
-	if (outcome == IDEM_REPLAY)
-	{
-		values[1] = Int32GetDatum(rec.response_status);
-		nulls[1] = rec.status_null;
-		values[2] = rec.response_body;
-		nulls[2] = rec.body_null;
-	}
-	if (have_record)
-	{
-		values[3] = Int32GetDatum(rec.attempt);
-		nulls[3] = false;
-		values[4] = TimestampTzGetDatum(rec.expires_at);
-		nulls[4] = false;
-	}
-	if (api == IDEM_API_1_1)
-	{
-		if (outcome == IDEM_ACQUIRED)
-		{
-			values[5] = UUIDPGetDatum(&claim.claim);
-			nulls[5] = false;
-		}
-		if (outcome == IDEM_IN_PROGRESS)
-		{
-			values[6] = Int32GetDatum(idem_retry_after(&rec, have_record,
-													   xact_open));
-			nulls[6] = false;
-		}
-	}
-	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-
-	idem_records_close(parent);
-
+	idem_acquire_answer(fcinfo, &st);
+	idem_records_close(st.parent);
 	if (counting)
-	{
-		idem_stats_add(idem_outcome_stats[outcome], 1);
-		if (taken_over)
-			idem_stats_add(IDEM_STAT_TAKEN_OVER, 1);
-		idem_wait_clock_count(&clock);
-		idem_stats_acquire_time(&start);
-	}
+		idem_acquire_count(&st, &start);
 	return (Datum) 0;
 }
 
+/* The 1.0 symbol of idem_acquire_common */
 Datum
 idem_acquire(PG_FUNCTION_ARGS)
 {
 	return idem_acquire_common(fcinfo, IDEM_API_1_0);
 }
 
+/* The 1.1 symbol of idem_acquire_common */
 Datum
 idem_acquire_1_1(PG_FUNCTION_ARGS)
 {
@@ -1754,6 +934,28 @@ idem_acquire_1_1(PG_FUNCTION_ARGS)
  * idem_complete, idem_release
  * ----------------------------------------------------------------
  */
+
+/*
+ * Lock the key of (scope, key) and read its record, for the functions that
+ * change a record a claim already exists for: waiting for any other
+ * transaction still writing the record as long as it takes (lock_timeout
+ * and cancel apply as to any lock), starting with where this backend wrote
+ * its last claim.  Returns with the key lock (kr->tag) held, kr->rec and
+ * kr->now set.
+ */
+static void
+idem_lock_claimed(IdemKeyRead *kr, Relation parent, text *scope, text *key)
+{
+	IdemKey		k = {scope, key, false};
+	IdemReadResult result PG_USED_FOR_ASSERTS_ONLY;
+
+	idem_key_read_init(kr, parent, &k, DT_NOEND, idem_default_ttl_usecs(),
+					   &idem_last_claim);
+	result = idem_lock_and_read(kr);
+	/* without a deadline or writer_settles, it always comes back locked */
+	Assert(result == IDEM_READ_LOCKED);
+	idem_key_read_end(kr);
+}
 
 /*
  * idem_complete(key, response_status, response_body, scope, attempt)
@@ -1775,9 +977,8 @@ idem_complete_common(FunctionCallInfo fcinfo, IdemApi api)
 	bool		check_attempt;
 	pg_uuid_t	claim;
 	bool		check_claim = false;
-	LOCKTAG		tag;
-	TimestampTz now;
-	IdemRecord	rec;
+	IdemKeyRead kr;
+	IdemRecord *rec = &kr.rec;
 	Relation	parent;
 	bool		result = false;
 
@@ -1812,35 +1013,36 @@ idem_complete_common(FunctionCallInfo fcinfo, IdemApi api)
 	parent = idem_records_open();
 	if (api == IDEM_API_1_1)
 		idem_require_1_1();
-	idem_key_locktag(&tag, scope, key, false);
-	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
+	idem_lock_claimed(&kr, parent, scope, key);
 
-	if (!rec.found)
+	if (!rec->found)
 		idem_no_record_error(scope, key);
-	if (check_attempt && attempt != rec.attempt)
-		idem_attempt_error(key, attempt, &rec);
-	idem_check_claim(key, check_claim, &claim, &rec);
-	if (!rec.completed)
+	if (check_attempt && attempt != rec->attempt)
+		idem_attempt_error(key, attempt, rec);
+	idem_check_claim(key, check_claim, &claim, rec);
+	if (!rec->completed)
 	{
-		idem_records_complete(parent, &rec, scope, key, status,
+		idem_records_complete(parent, rec, &kr.key, status,
 							  PG_ARGISNULL(2) ? (Datum) 0 :
 							  PointerGetDatum(PG_GETARG_JSONB_P(2)),
-							  PG_ARGISNULL(2), now);
+							  PG_ARGISNULL(2), kr.now);
 		result = true;
 		idem_stats_add(IDEM_STAT_COMPLETED, 1);
 	}
-	idem_unlock(&tag, ExclusiveLock);
+	idem_unlock(&kr.tag, ExclusiveLock);
 
 	idem_records_close(parent);
 	PG_RETURN_BOOL(result);
 }
 
+/* The 1.0 symbol of idem_complete_common */
 Datum
 idem_complete(PG_FUNCTION_ARGS)
 {
 	return idem_complete_common(fcinfo, IDEM_API_1_0);
 }
 
+/* The 1.1 symbol of idem_complete_common */
 Datum
 idem_complete_1_1(PG_FUNCTION_ARGS)
 {
@@ -1866,10 +1068,9 @@ idem_release_common(FunctionCallInfo fcinfo, IdemApi api)
 	bool		check_attempt;
 	pg_uuid_t	claim;
 	bool		check_claim = false;
-	LOCKTAG		tag;
-	IdemRecord	rec;
+	IdemKeyRead kr;
+	IdemRecord *rec = &kr.rec;
 	Relation	parent;
-	TimestampTz now;
 	bool		result = false;
 
 	key = idem_check_ident(fcinfo, 0, true);
@@ -1882,33 +1083,34 @@ idem_release_common(FunctionCallInfo fcinfo, IdemApi api)
 	parent = idem_records_open();
 	if (api == IDEM_API_1_1)
 		idem_require_1_1();
-	idem_key_locktag(&tag, scope, key, false);
-	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
+	idem_lock_claimed(&kr, parent, scope, key);
 
-	if (rec.found)
+	if (rec->found)
 	{
-		if (check_attempt && attempt != rec.attempt)
-			idem_attempt_error(key, attempt, &rec);
-		idem_check_claim(key, check_claim, &claim, &rec);
-		if (!rec.completed)
+		if (check_attempt && attempt != rec->attempt)
+			idem_attempt_error(key, attempt, rec);
+		idem_check_claim(key, check_claim, &claim, rec);
+		if (!rec->completed)
 		{
-			idem_records_delete(parent, &rec);
+			idem_records_delete(parent, rec);
 			result = true;
 			idem_stats_add(IDEM_STAT_RELEASED, 1);
 		}
 	}
-	idem_unlock(&tag, ExclusiveLock);
+	idem_unlock(&kr.tag, ExclusiveLock);
 
 	idem_records_close(parent);
 	PG_RETURN_BOOL(result);
 }
 
+/* The 1.0 symbol of idem_release_common */
 Datum
 idem_release(PG_FUNCTION_ARGS)
 {
 	return idem_release_common(fcinfo, IDEM_API_1_0);
 }
 
+/* The 1.1 symbol of idem_release_common */
 Datum
 idem_release_1_1(PG_FUNCTION_ARGS)
 {
@@ -1935,10 +1137,9 @@ idem_extend(PG_FUNCTION_ARGS)
 	bool		check_claim;
 	int64		lease;
 	int64		max_usecs = (int64) idem_max_ttl * USECS_PER_SEC;
-	LOCKTAG		tag;
-	IdemRecord	rec;
+	IdemKeyRead kr;
+	IdemRecord *rec = &kr.rec;
 	Relation	parent;
-	TimestampTz now;
 	TimestampTz locked_until;
 
 	idem_check_nargs(fcinfo, 4);
@@ -1957,27 +1158,27 @@ idem_extend(PG_FUNCTION_ARGS)
 
 	parent = idem_records_open();
 	idem_require_1_1();
-	idem_key_locktag(&tag, scope, key, false);
-	idem_lock_and_read(parent, &tag, scope, key, &now, &rec);
+	idem_lock_claimed(&kr, parent, scope, key);
 
-	if (!rec.found)
+	if (!rec->found)
 		idem_no_record_error(scope, key);
-	idem_check_claim(key, check_claim, &claim, &rec);
-	if (rec.completed)
+	idem_check_claim(key, check_claim, &claim, rec);
+	if (rec->completed)
 		ereport(ERROR,
 				(errcode(ERRCODE_NO_DATA_FOUND),
 				 errmsg("idempotency key \"%s\" in scope \"%s\" is completed",
 						text_to_cstring(key), text_to_cstring(scope)),
 				 errdetail("Only a processing claim has a lease to extend.")));
 
-	if (!rec.owner_null)
-		locked_until = rec.locked_until_null ? rec.expires_at : rec.locked_until;
+	if (!rec->owner_null)
+		locked_until = rec->locked_until_null ? rec->expires_at :
+			rec->locked_until;
 	else
 	{
-		locked_until = now + Min(lease, rec.expires_at - now);
-		idem_records_extend(parent, &rec, scope, key, locked_until);
+		locked_until = kr.now + Min(lease, rec->expires_at - kr.now);
+		idem_records_extend(parent, rec, &kr.key, locked_until);
 	}
-	idem_unlock(&tag, ExclusiveLock);
+	idem_unlock(&kr.tag, ExclusiveLock);
 
 	idem_records_close(parent);
 	PG_RETURN_TIMESTAMPTZ(locked_until);
@@ -2004,12 +1205,16 @@ idem_lookup_common(FunctionCallInfo fcinfo, IdemApi api)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *key;
 	text	   *scope;
+	IdemKey		k;
 	IdemRecord	rec;
 	Relation	parent;
 	TimestampTz now;
 
 	key = idem_check_ident(fcinfo, 0, true);
 	scope = idem_check_ident(fcinfo, 1, false);
+	k.scope = scope;
+	k.key = key;
+	k.token = false;
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	idem_check_result_natts(fcinfo, api == IDEM_API_1_1 ? 10 : 9);
@@ -2018,8 +1223,7 @@ idem_lookup_common(FunctionCallInfo fcinfo, IdemApi api)
 		idem_require_1_1();
 
 	now = GetCurrentTimestamp();
-	idem_read_mvcc(parent, scope, key, false, now,
-				   now + idem_default_ttl_usecs(), &rec);
+	idem_read_mvcc(parent, &k, now, now + idem_default_ttl_usecs(), &rec);
 	if (rec.found)
 	{
 		Datum		values[10];
@@ -2049,12 +1253,14 @@ idem_lookup_common(FunctionCallInfo fcinfo, IdemApi api)
 	return (Datum) 0;
 }
 
+/* The 1.0 symbol of idem_lookup_common */
 Datum
 idem_lookup(PG_FUNCTION_ARGS)
 {
 	return idem_lookup_common(fcinfo, IDEM_API_1_0);
 }
 
+/* The 1.1 symbol of idem_lookup_common */
 Datum
 idem_lookup_1_1(PG_FUNCTION_ARGS)
 {
@@ -2063,123 +1269,51 @@ idem_lookup_1_1(PG_FUNCTION_ARGS)
 
 
 /* ----------------------------------------------------------------
- * One-time tokens (1.1)
- *
- * A token is a record of its own kind (is_token) in idempotency.records,
- * with the token as its key: stored, expired and dropped with the records,
- * invisible to every function of the keys and they to it, with a lock tag
- * class of its own.  Issued, it is 'processing'; consumed, 'completed'.
+ * One-time tokens (1.1, token.c)
  * ----------------------------------------------------------------
  */
-
-/* Random bytes of a token: 192 bits, 32 characters of base64url */
-#define IDEM_TOKEN_BYTES	24
-
-/*
- * Encode len bytes (a multiple of 3) in the URL-safe base64 alphabet of RFC
- * 4648, without padding, into dst (len / 3 * 4 characters and a NUL).
- */
-static void
-idem_base64url(const uint8 *src, int len, char *dst)
-{
-	static const char alphabet[] =
-		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-	int			i;
-
-	Assert(len % 3 == 0);
-	for (i = 0; i < len; i += 3)
-	{
-		uint32		v = ((uint32) src[i] << 16) | ((uint32) src[i + 1] << 8) | src[i + 2];
-
-		*dst++ = alphabet[(v >> 18) & 0x3f];
-		*dst++ = alphabet[(v >> 12) & 0x3f];
-		*dst++ = alphabet[(v >> 6) & 0x3f];
-		*dst++ = alphabet[v & 0x3f];
-	}
-	*dst = '\0';
-}
 
 /*
  * idem_token_issue(scope, ttl) returns text
  *
  * A new one-time token of scope, live for ttl (default
- * idempotency.default_ttl): 192 bits straight from the server's strong
- * random source, as 32 URL-safe characters.  No key lock and no look for a
- * record of the same token: nobody can know the token before it is
- * returned, and two equal tokens would take 2^96 of them to be likely.
+ * idempotency.default_ttl); see idem_token_make.
  */
 Datum
 idem_token_issue(PG_FUNCTION_ARGS)
 {
 	text	   *scope;
 	int64		ttl;
-	uint8		bytes[IDEM_TOKEN_BYTES];
-	char		encoded[IDEM_TOKEN_BYTES / 3 * 4 + 1];
 	text	   *token;
 	Relation	parent;
-	TimestampTz now;
 
 	scope = idem_check_ident(fcinfo, 0, false);
 	ttl = idem_check_ttl(fcinfo, 1);
 	PreventCommandDuringRecovery("idem_token_issue()");
 
-	if (!pg_strong_random(bytes, sizeof(bytes)))
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not generate a random token")));
-	idem_base64url(bytes, sizeof(bytes), encoded);
-	explicit_bzero(bytes, sizeof(bytes));
-	token = cstring_to_text(encoded);
-
+	token = idem_token_make();
 	parent = idem_records_open();
 	idem_require_1_1();
-	now = GetCurrentTimestamp();
-	idem_records_insert(parent, scope, token, true, NULL, now, 0, now + ttl,
-						NULL, NULL, NULL);
+	idem_token_store(parent, scope, token, ttl);
 	idem_records_close(parent);
-
-	idem_stats_add(IDEM_STAT_TOKENS_ISSUED, 1);
 	PG_RETURN_TEXT_P(token);
-}
-
-/*
- * ereport the error of a consume that found another transaction consuming
- * (or issuing) the same token and could not wait for it to end.
- */
-static void
-idem_token_busy_error(void)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-			 errmsg("could not consume one-time token: another transaction is still writing it"),
-			 errdetail("It waited idempotency.wait_timeout (%d ms) for that transaction, which is consuming or issuing the token, to end.",
-					   idem_wait_timeout),
-			 errhint("Retry: the token is spent if that transaction commits, and still live if it rolls back.")));
 }
 
 /*
  * idem_token_consume(token, scope) returns boolean
  *
  * True exactly once for a live token of scope; false when it was consumed
- * already, has expired, never existed or belongs to another scope.  The
- * protocol is idem_acquire's: under the token's lock, a dirty read; where
- * another transaction is writing the token, wait for it to end (up to
- * idempotency.wait_timeout, then 55P03: never false for a token whose
- * consumer may still roll back) and read again.
+ * already, has expired, never existed or belongs to another scope.  Waits
+ * up to idempotency.wait_timeout for another transaction writing the token
+ * (idem_token_spend).
  */
 Datum
 idem_token_consume(PG_FUNCTION_ARGS)
 {
 	text	   *token;
 	text	   *scope;
-	LOCKTAG		tag;
-	TimestampTz now;
-	TimestampTz deadline;
-	IdemRecord	rec;
-	IdemPasses	passes;
-	IdemWaitClock clock;
 	Relation	parent;
-	bool		result = false;
+	bool		result;
 
 	token = idem_check_string(fcinfo, 0, "token", true);
 	scope = idem_check_ident(fcinfo, 1, false);
@@ -2187,47 +1321,9 @@ idem_token_consume(PG_FUNCTION_ARGS)
 
 	parent = idem_records_open();
 	idem_require_1_1();
-	idem_key_locktag(&tag, scope, token, true);
-	now = GetCurrentTimestamp();
-	deadline = TimestampTzPlusMilliseconds(now, idem_wait_timeout);
-
-	idem_wait_clock_init(&clock);
-	idem_passes_init(&passes);
-	for (;;)
-	{
-		idem_pass_begin(&passes);
-		if (!idem_wait_lock(&tag, ExclusiveLock,
-							TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
-															deadline),
-							&clock))
-			idem_token_busy_error();
-		now = GetCurrentTimestamp();
-		idem_read_dirty(parent, scope, token, true, now,
-						now + idem_default_ttl_usecs(), &rec);
-		if (rec.found && TransactionIdIsValid(rec.waitxid))
-		{
-			idem_unlock(&tag, ExclusiveLock);
-			if (!idem_wait_xact(rec.waitxid, deadline, &clock))
-				idem_token_busy_error();
-			continue;
-		}
-		break;
-	}
-	idem_passes_end(&passes, &rec);
-
-	idem_check_snapshot(parent, scope, token, true, now,
-						now + idem_default_ttl_usecs(), &rec);
-	if (rec.found && !rec.completed)
-	{
-		idem_records_consume(parent, &rec, scope, token, now);
-		result = true;
-	}
-	idem_unlock(&tag, ExclusiveLock);
+	result = idem_token_spend(parent, scope, token, idem_wait_timeout,
+							  idem_default_ttl_usecs());
 	idem_records_close(parent);
-
-	idem_wait_clock_count(&clock);
-	if (result)
-		idem_stats_add(IDEM_STAT_TOKENS_CONSUMED, 1);
 	PG_RETURN_BOOL(result);
 }
 

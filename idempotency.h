@@ -3,10 +3,23 @@
  * idempotency.h
  *		Declarations shared by the idempotency extension's C files.
  *
- * idempotency.c holds the SQL-callable functions and the claim protocol;
- * records.c holds the storage access to idempotency.records; stats.c the
- * statistics in shared memory; filter.c the per-partition known-absent
- * filters in shared memory.
+ * The C files, each calling only files listed after it (and stats.c,
+ * which every file may count in, and which calls none of them):
+ *
+ *	idempotency.c	the SQL contract: _PG_init, settings, argument checks,
+ *					the SQL-callable functions and idem_acquire's protocol
+ *	token.c			one-time tokens: made, stored, spent
+ *	claim.c			claim ids, owner sessions of session-bound claims,
+ *					claim and attempt errors
+ *	keylock.c		key locks, waits, and the reads made under the key lock
+ *	reqhash.c		the request hash (SHA-256 of canonical jsonb)
+ *	filterbuild.c	what keeps the filters true: their trigger, builds,
+ *					invalidations (object_access_hook, transaction callbacks)
+ *	records.c		storage access to idempotency.records, without SQL
+ *	filter.c		per-partition known-absent filters in shared memory:
+ *					the slots and the lock-free reads of the hot path
+ *	worker.c		background workers that build the filters
+ *	stats.c			statistics in shared memory
  *
  * IDENTIFICATION
  *	  idempotency.h
@@ -23,6 +36,7 @@
 #include "portability/instr_time.h"
 #include "storage/itemptr.h"
 #include "storage/lock.h"
+#include "utils/jsonb.h"
 #include "utils/relcache.h"
 #include "utils/snapshot.h"
 #include "utils/uuid.h"
@@ -81,45 +95,173 @@ typedef struct IdemClaim
 	TimestampTz owner_start;
 } IdemClaim;
 
+/*
+ * What a record is looked up and locked by: its scope and key, and its
+ * kind (a one-time token's record, with the token as its key, or an
+ * idempotency key's); the two kinds never see each other.
+ */
+typedef struct IdemKey
+{
+	text	   *scope;
+	text	   *key;
+	bool		token;
+} IdemKey;
+
+/*
+ * Where a transaction wrote a new claim: a hint for reading it again in the
+ * same transaction (idem_records_fetch checks it).
+ */
+typedef struct IdemPlace
+{
+	TransactionId xid;			/* top-level transaction that wrote it */
+	Oid			partoid;
+	ItemPointerData tid;
+} IdemPlace;
+
+/* keylock.c: key locks, waits, and the reads under the key lock */
+
+/*
+ * The time a call spends waiting for other sessions, for the statistics
+ * (waits, wait_time).
+ */
+typedef struct IdemWaitClock
+{
+	bool		waited;
+	instr_time	total;
+} IdemWaitClock;
+
+/*
+ * Memory of the loops that wait.  Each pass of such a loop reads the record
+ * again, and a read allocates a few kilobytes (more with many partitions);
+ * a duplicate of a committed processing claim polls every 50 ms for as long
+ * as idempotency.wait_timeout, which any user may raise.  So that a wait of
+ * any length runs in flat memory, every pass after the first works in a
+ * child of the caller's memory context that the next pass resets.  The
+ * first pass, all that a call which does not wait ever runs, works in the
+ * caller's context and pays nothing for this.
+ */
+typedef struct IdemPasses
+{
+	MemoryContext caller;		/* the caller's context, to return to */
+	MemoryContext pass;			/* the passes' context, made for pass 2 */
+	int			npasses;		/* passes begun so far */
+} IdemPasses;
+
+
+/* What idem_lock_and_read came to; see there */
+typedef enum IdemReadResult
+{
+	IDEM_READ_LOCKED,
+	IDEM_READ_LOCK_TIMEOUT,
+	IDEM_READ_WRITER_TIMEOUT,
+	IDEM_READ_WRITER_SETTLES
+} IdemReadResult;
+
+/*
+ * The state of one call's lock-and-read loop (idem_key_read_init,
+ * idem_lock_and_read, idem_key_read_end).
+ */
+typedef struct IdemKeyRead
+{
+	Relation	parent;			/* idempotency.records, open */
+	IdemKey		key;
+	LOCKTAG		tag;			/* the key lock */
+	TimestampTz deadline;		/* DT_NOEND: no timeout of ours */
+	int64		hint_ttl;		/* where to look first, see there */
+	const IdemPlace *place;		/* this backend's last claim, or NULL */
+
+	/*
+	 * Optional: does a version that another transaction is still writing
+	 * already answer the caller?  Then idem_lock_and_read does not wait.
+	 */
+	bool		(*writer_settles) (const IdemRecord *rec, void *arg);
+	void	   *settles_arg;
+
+	IdemPasses	passes;
+	IdemWaitClock clock;
+	TimestampTz now;			/* the clock when kr->rec was read */
+	IdemRecord	rec;			/* what the last read found */
+} IdemKeyRead;
+
+extern LockAcquireResult idem_lock(const LOCKTAG *tag, LOCKMODE mode,
+								   bool dontWait);
+extern void idem_unlock(const LOCKTAG *tag, LOCKMODE mode);
+extern void idem_wait_clock_count(const IdemWaitClock *clock);
+extern void idem_read_mvcc(Relation parent, const IdemKey *k,
+						   TimestampTz now, TimestampTz hint, IdemRecord *rec);
+extern void idem_key_read_init(IdemKeyRead *kr, Relation parent,
+							   const IdemKey *k, TimestampTz deadline,
+							   int64 hint_ttl, const IdemPlace *place);
+extern IdemReadResult idem_lock_and_read(IdemKeyRead *kr);
+extern void idem_key_read_sleep(IdemKeyRead *kr, long ms);
+extern void idem_key_read_end(IdemKeyRead *kr);
+
+/* claim.c: claim ids, owner sessions, claim and attempt errors */
+extern void idem_hold_owner_lock(void);
+extern bool idem_owner_is_me(const IdemRecord *rec);
+extern bool idem_owner_alive(const IdemRecord *rec);
+extern void idem_new_claim(IdemClaim *claim, bool session_bound);
+extern void idem_check_claim(text *key, bool given, const pg_uuid_t *claim,
+							 const IdemRecord *rec);
+extern void idem_attempt_error(text *key, int32 given, const IdemRecord *rec);
+extern void idem_attempt_limit_error(text *key, const IdemRecord *rec);
+
+/* token.c: one-time tokens */
+extern text *idem_token_make(void);
+extern void idem_token_store(Relation parent, text *scope, text *token,
+							 int64 ttl);
+extern bool idem_token_spend(Relation parent, text *scope, text *token,
+							 int wait_timeout_ms, int64 hint_ttl);
+
+/*
+ * The values of a record being inserted (idem_records_insert), beside its
+ * key: a processing record at attempt 1, or an unconsumed token.
+ */
+typedef struct IdemNewRecord
+{
+	bytea	   *request_hash;	/* or NULL: no payload check (tokens) */
+	TimestampTz created_at;
+	TimestampTz locked_until;	/* not written for a token */
+	TimestampTz expires_at;
+	const IdemClaim *claim;		/* the 1.1 columns, or NULL */
+} IdemNewRecord;
+
 /* records.c */
 extern void idem_records_init(void);
 extern Relation idem_records_open(void);
 extern bool idem_records_have_claims(void);
 extern void idem_records_close(Relation parent);
-extern void idem_records_find(Relation parent, text *scope, text *key,
-							  bool token, TimestampTz now, TimestampTz hint,
+extern void idem_records_find(Relation parent, const IdemKey *k,
+							  TimestampTz now, TimestampTz hint,
 							  Snapshot snapshot, IdemRecord *rec);
-extern void idem_records_find_filtered(Relation parent, text *scope,
-									   text *key, TimestampTz now,
-									   TimestampTz hint, Snapshot snapshot,
-									   IdemRecord *rec);
-extern void idem_records_insert(Relation parent, text *scope, text *key,
-								bool token, bytea *request_hash,
-								TimestampTz now,
-								TimestampTz locked_until,
-								TimestampTz expires_at,
-								const IdemClaim *claim,
-								Oid *partoid, ItemPointer tid);
-extern bool idem_records_fetch(Relation parent, Oid partoid,
-							   ItemPointer tid, text *scope, text *key,
-							   TimestampTz now, IdemRecord *rec);
+extern void idem_records_find_filtered(Relation parent, const IdemKey *k,
+									   TimestampTz now, TimestampTz hint,
+									   Snapshot snapshot, IdemRecord *rec);
+extern void idem_records_insert(Relation parent, const IdemKey *k,
+								const IdemNewRecord *nr, IdemPlace *place);
+extern bool idem_records_fetch(Relation parent, const IdemPlace *place,
+							   const IdemKey *k, TimestampTz now,
+							   IdemRecord *rec);
 extern void idem_records_takeover(Relation parent, const IdemRecord *rec,
-								  text *scope, text *key, int32 attempt,
+								  const IdemKey *k, int32 attempt,
 								  TimestampTz locked_until,
 								  bytea *request_hash,
 								  const IdemClaim *claim);
 extern void idem_records_extend(Relation parent, const IdemRecord *rec,
-								text *scope, text *key,
-								TimestampTz locked_until);
+								const IdemKey *k, TimestampTz locked_until);
 extern void idem_records_complete(Relation parent, const IdemRecord *rec,
-								  text *scope, text *key, int32 status,
+								  const IdemKey *k, int32 status,
 								  Datum body, bool body_null,
 								  TimestampTz now);
 extern void idem_records_consume(Relation parent, const IdemRecord *rec,
-								 text *scope, text *key, TimestampTz now);
+								 const IdemKey *k, TimestampTz now);
 extern void idem_records_delete(Relation parent, const IdemRecord *rec);
 extern List *idem_records_live_partitions(Relation parent, TimestampTz now);
 extern TimestampTz idem_records_partition_end(Relation parent, Oid relid);
+
+/* reqhash.c */
+extern bytea *idem_hash_jsonb(Jsonb *jb);
+extern bool idem_hash_mismatch(const IdemRecord *rec, const bytea *hash);
 
 /* filter.c: per-partition known-absent filters (preloaded only) */
 extern void idem_filter_init(void);

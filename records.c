@@ -26,7 +26,7 @@
  * extension's own; the values written are checked by idempotency.c before
  * they get here.
  *
- * Callers hold the (scope, key) lock of idempotency.c for every write, and
+ * Callers hold the (scope, key) lock of keylock.c for every write, and
  * hold the parent open (idem_records_open) across a probe and the writes
  * that follow it, so the TID a probe returns is still the current version
  * when it is updated or deleted.
@@ -165,6 +165,21 @@ static int	idem_search_nparts = 0;
 static int	idem_search_maxparts = 0;
 static Oid	idem_search_default = InvalidOid;
 
+/*
+ * One search of the partitions for a record (idem_search): what is looked
+ * for, how, and where the answer goes.
+ */
+typedef struct IdemSearch
+{
+	const IdemKey *k;			/* the strings and the kind looked for */
+	TimestampTz now;			/* records that expire by then are dead */
+	Snapshot	snapshot;
+	bool		filtered;		/* only where a filter says "maybe" */
+	bool		use_filter;		/* filters may be asked */
+	uint64		hash;			/* the key's filter hash, if use_filter */
+	IdemRecord *rec;			/* the answer */
+} IdemSearch;
+
 
 /*
  * Relcache invalidation: forget what we know of the relation, or of all.
@@ -209,6 +224,105 @@ idem_records_init(void)
 }
 
 /*
+ * Whether the index whose pg_index row is tup compares scope and key (its
+ * first two columns) by bytes: text's own btree operator families, and
+ * deterministic collations.  Only then may the known-absent filters, which
+ * hash the bytes, be asked about the partition.
+ */
+static bool
+idem_index_bytewise(HeapTuple tup)
+{
+	Datum		d;
+	bool		isnull;
+	oidvector  *colls;
+	oidvector  *classes;
+	bool		bytewise;
+
+	d = SysCacheGetAttr(INDEXRELID, tup, Anum_pg_index_indcollation, &isnull);
+	colls = isnull ? NULL : (oidvector *) DatumGetPointer(d);
+	d = SysCacheGetAttr(INDEXRELID, tup, Anum_pg_index_indclass, &isnull);
+	classes = isnull ? NULL : (oidvector *) DatumGetPointer(d);
+	bytewise = colls != NULL && classes != NULL;
+	for (int c = 0; bytewise && c < 2; c++)
+	{
+		Oid			family = get_opclass_family(classes->values[c]);
+
+		bytewise = (family == TEXT_BTREE_FAM_OID ||
+					family == TEXT_PATTERN_BTREE_FAM_OID) &&
+			(!OidIsValid(colls->values[c]) ||
+			 get_collation_isdeterministic(colls->values[c]));
+	}
+	return bytewise;
+}
+
+/*
+ * Is the index indexoid a valid btree index whose first two key columns
+ * are scope and key (at attnum), with no expressions and no predicate?
+ * *bytewise: see idem_index_bytewise.
+ */
+static bool
+idem_index_usable(Oid indexoid, const AttrNumber *attnum, bool *bytewise)
+{
+	HeapTuple	tup;
+	Form_pg_index index;
+	bool		usable;
+
+	tup = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(indexoid));
+	if (!HeapTupleIsValid(tup))
+		return false;
+	index = (Form_pg_index) GETSTRUCT(tup);
+	usable = index->indisvalid && index->indisready &&
+		index->indnkeyatts >= 2 &&
+		index->indkey.values[0] == attnum[COL_SCOPE] &&
+		index->indkey.values[1] == attnum[COL_KEY] &&
+		heap_attisnull(tup, Anum_pg_index_indexprs, NULL) &&
+		heap_attisnull(tup, Anum_pg_index_indpred, NULL);
+	*bytewise = usable && idem_index_bytewise(tup);
+	ReleaseSysCache(tup);
+	if (!usable)
+		return false;
+
+	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(indexoid));
+	if (!HeapTupleIsValid(tup))
+		return false;
+	usable = ((Form_pg_class) GETSTRUCT(tup))->relam == BTREE_AM_OID;
+	ReleaseSysCache(tup);
+	return usable;
+}
+
+/*
+ * The index a probe of partition rel goes through: the first of its indexes
+ * that idem_index_usable accepts; an error if it has none.
+ */
+static void
+idem_choose_index(Relation rel, IdemPartition *info)
+{
+	List	   *indexes = RelationGetIndexList(rel);
+	ListCell   *lc;
+
+	info->indexoid = InvalidOid;
+	info->bytewise = false;
+	foreach(lc, indexes)
+	{
+		bool		bytewise;
+
+		if (idem_index_usable(lfirst_oid(lc), info->attnum, &bytewise))
+		{
+			info->indexoid = lfirst_oid(lc);
+			info->bytewise = bytewise;
+			break;
+		}
+	}
+	list_free(indexes);
+
+	if (!OidIsValid(info->indexoid))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("partition \"%s\" of \"idempotency.records\" has no btree index on (scope, key)",
+						RelationGetRelationName(rel))));
+}
+
+/*
  * Fill *info for an open, locked partition from the cache, building the
  * cache entry if need be.  A copy, since the entry may go as soon as the
  * next lock is taken and invalidations are processed.
@@ -218,9 +332,8 @@ idem_partition_info(Relation rel, IdemPartition *result)
 {
 	Oid			relid = RelationGetRelid(rel);
 	IdemPartition *entry;
+	IdemPartition info;
 	bool		found;
-	List	   *indexes;
-	ListCell   *lc;
 	int			i;
 
 	if (idem_partitions == NULL)
@@ -241,100 +354,22 @@ idem_partition_info(Relation rel, IdemPartition *result)
 	}
 
 	/* Build it in locals first: a catalog lookup may run our callback. */
+	info.relid = relid;
+	for (i = 0; i < IDEM_NCOLUMNS; i++)
 	{
-		IdemPartition info;
-
-		info.relid = relid;
-		info.indexoid = InvalidOid;
-		info.bytewise = false;
-		for (i = 0; i < IDEM_NCOLUMNS; i++)
-		{
-			info.attnum[i] = get_attnum(relid, idem_column_names[i]);
-			if (info.attnum[i] == InvalidAttrNumber && i < IDEM_NREQUIRED)
-				ereport(ERROR,
-						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-						 errmsg("partition \"%s\" of \"idempotency.records\" has no column \"%s\"",
-								RelationGetRelationName(rel), idem_column_names[i])));
-		}
-
-		indexes = RelationGetIndexList(rel);
-		foreach(lc, indexes)
-		{
-			Oid			indexoid = lfirst_oid(lc);
-			HeapTuple	tup;
-			Form_pg_index index;
-			bool		usable;
-			bool		bytewise = false;
-			bool		isnull;
-
-			tup = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(indexoid));
-			if (!HeapTupleIsValid(tup))
-				continue;
-			index = (Form_pg_index) GETSTRUCT(tup);
-			usable = index->indisvalid && index->indisready &&
-				index->indnkeyatts >= 2 &&
-				index->indkey.values[0] == info.attnum[COL_SCOPE] &&
-				index->indkey.values[1] == info.attnum[COL_KEY] &&
-				heap_attisnull(tup, Anum_pg_index_indexprs, NULL) &&
-				heap_attisnull(tup, Anum_pg_index_indpred, NULL);
-			if (usable)
-			{
-				Datum		d;
-				oidvector  *colls;
-				oidvector  *classes;
-
-				/*
-				 * Equality by bytes: text's own btree operator families, and
-				 * deterministic collations.
-				 */
-				d = SysCacheGetAttr(INDEXRELID, tup, Anum_pg_index_indcollation,
-									&isnull);
-				colls = isnull ? NULL : (oidvector *) DatumGetPointer(d);
-				d = SysCacheGetAttr(INDEXRELID, tup, Anum_pg_index_indclass,
-									&isnull);
-				classes = isnull ? NULL : (oidvector *) DatumGetPointer(d);
-				bytewise = colls != NULL && classes != NULL;
-				for (int c = 0; bytewise && c < 2; c++)
-				{
-					Oid			family = get_opclass_family(classes->values[c]);
-
-					bytewise = (family == TEXT_BTREE_FAM_OID ||
-								family == TEXT_PATTERN_BTREE_FAM_OID) &&
-						(!OidIsValid(colls->values[c]) ||
-						 get_collation_isdeterministic(colls->values[c]));
-				}
-			}
-			ReleaseSysCache(tup);
-
-			if (usable)
-			{
-				tup = SearchSysCache1(RELOID, ObjectIdGetDatum(indexoid));
-				if (HeapTupleIsValid(tup))
-				{
-					if (((Form_pg_class) GETSTRUCT(tup))->relam == BTREE_AM_OID)
-					{
-						info.indexoid = indexoid;
-						info.bytewise = bytewise;
-					}
-					ReleaseSysCache(tup);
-				}
-			}
-			if (OidIsValid(info.indexoid))
-				break;
-		}
-		list_free(indexes);
-
-		if (!OidIsValid(info.indexoid))
+		info.attnum[i] = get_attnum(relid, idem_column_names[i]);
+		if (info.attnum[i] == InvalidAttrNumber && i < IDEM_NREQUIRED)
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("partition \"%s\" of \"idempotency.records\" has no btree index on (scope, key)",
-							RelationGetRelationName(rel))));
-
-		entry = hash_search(idem_partitions, &relid, HASH_ENTER, &found);
-		*entry = info;
-		*result = info;
-		idem_partitions_gen++;
+					 errmsg("partition \"%s\" of \"idempotency.records\" has no column \"%s\"",
+							RelationGetRelationName(rel), idem_column_names[i])));
 	}
+	idem_choose_index(rel, &info);
+
+	entry = hash_search(idem_partitions, &relid, HASH_ENTER, &found);
+	*entry = info;
+	*result = info;
+	idem_partitions_gen++;
 }
 
 
@@ -430,6 +465,8 @@ idem_prepare_write(Relation parent, AclMode mode)
 	const char *cmd = (mode == ACL_INSERT) ? "INSERT" :
 		(mode == ACL_UPDATE) ? "UPDATE" : "DELETE";
 
+	/* the caller holds the parent open across its probe and this write */
+	Assert(CheckRelationLockedByMe(parent, AccessShareLock, true));
 	PreventCommandIfReadOnly(cmd);
 	PreventCommandDuringRecovery(cmd);
 	LockRelationOid(RelationGetRelid(parent), RowExclusiveLock);
@@ -542,21 +579,100 @@ idem_fill_record(IdemRecord *rec, Relation rel, const IdemPartition *part,
 }
 
 /*
- * Look for the live record of (scope, key) of the kind asked for (a one-time
- * token, or an idempotency key) in one partition.  maybe: the partition's
- * filter says the key may be there.
+ * The index scan of idem_probe: the live record of the search's kind that
+ * partition rel (open and locked, described by part) holds for the
+ * search's (scope, key), through its index (open and locked), into
+ * s->rec; true if found.
  */
 static bool
-idem_probe(Oid relid, text *scope, text *key, bool token, TimestampTz now,
-		   Snapshot snapshot, bool maybe, IdemRecord *rec)
+idem_probe_scan(const IdemSearch *s, Relation rel, Relation index,
+				const IdemPartition *part)
 {
-	Relation	rel;
-	Relation	index;
-	IdemPartition part;
+	Snapshot	snapshot = s->snapshot;
+	IdemRecord *rec = s->rec;
+	bool		token = s->k->token;
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
 	ScanKeyData skey[2];
 	bool		found = false;
+
+	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[0], F_TEXTEQ,
+						   PointerGetDatum(s->k->scope));
+	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[1], F_TEXTEQ,
+						   PointerGetDatum(s->k->key));
+
+	slot = table_slot_create(rel, NULL);
+	scan = idem_index_beginscan(rel, index, snapshot, 2, 0);
+	index_rescan(scan, skey, 2, NULL, 0);
+	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		TimestampTz expires_at;
+		bool		inserting;
+
+		expires_at = DatumGetTimestampTz(slot_getattr(slot,
+													  part->attnum[COL_EXPIRES_AT],
+													  &isnull));
+		if (isnull || expires_at <= s->now)
+			continue;
+
+		/*
+		 * A live record of the other kind under the same strings is passed
+		 * over; its expires_at is noted, so that a record written next to it
+		 * does not collide with it in the unique index.
+		 */
+		if (part->attnum[COL_IS_TOKEN] == InvalidAttrNumber ? token :
+			DatumGetBool(slot_getattr(slot, part->attnum[COL_IS_TOKEN],
+									  &isnull)) != token)
+		{
+			rec->shadow_expires = expires_at;
+			continue;
+		}
+
+		if (snapshot->snapshot_type != SNAPSHOT_DIRTY)
+		{
+			idem_fill_record(rec, rel, part, slot);
+			found = true;
+			break;
+		}
+
+		/*
+		 * A dirty snapshot also returns versions whose inserting, updating
+		 * or deleting transaction is still open, and says which transaction
+		 * that is.  A transaction updating a committed record makes a new
+		 * version it is inserting; the index may return either first, and
+		 * the committed one is what the caller must judge (its hash answers
+		 * mismatch at once), so keep looking past a version being inserted.
+		 */
+		inserting = TransactionIdIsValid(snapshot->xmin);
+		if (found && inserting)
+			continue;
+		idem_fill_record(rec, rel, part, slot);
+		rec->wait_insert = inserting;
+		rec->waitxid = inserting ? snapshot->xmin : snapshot->xmax;
+		found = true;
+		if (!inserting)
+			break;
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	return found;
+}
+
+/*
+ * Look for the live record of the search's (scope, key), of the kind asked
+ * for (a one-time token, or an idempotency key), in one partition.  maybe:
+ * the partition's filter says the key may be there.
+ */
+static bool
+idem_probe(const IdemSearch *s, Oid relid, bool maybe)
+{
+	Relation	rel;
+	Relation	index;
+	IdemPartition part;
+	bool		found;
 	bool		empty;
 
 	rel = table_open(relid, AccessShareLock);
@@ -584,7 +700,7 @@ idem_probe(Oid relid, text *scope, text *key, bool token, TimestampTz now,
 	 * transaction, as for a partition that holds records.
 	 */
 	empty = !maybe && RelationGetNumberOfBlocks(rel) == 0;
-	if (empty && !(IsMVCCSnapshot(snapshot) && IsolationIsSerializable()))
+	if (empty && !(IsMVCCSnapshot(s->snapshot) && IsolationIsSerializable()))
 	{
 		/*
 		 * Cache what idem_trusted needs, so that from the next call on the
@@ -603,68 +719,7 @@ idem_probe(Oid relid, text *scope, text *key, bool token, TimestampTz now,
 	idem_partition_info(rel, &part);
 	index = index_open(part.indexoid, AccessShareLock);
 
-	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
-						   index->rd_indcollation[0], F_TEXTEQ,
-						   PointerGetDatum(scope));
-	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
-						   index->rd_indcollation[1], F_TEXTEQ,
-						   PointerGetDatum(key));
-
-	slot = table_slot_create(rel, NULL);
-	scan = idem_index_beginscan(rel, index, snapshot, 2, 0);
-	index_rescan(scan, skey, 2, NULL, 0);
-	while (index_getnext_slot(scan, ForwardScanDirection, slot))
-	{
-		bool		isnull;
-		TimestampTz expires_at;
-		bool		inserting;
-
-		expires_at = DatumGetTimestampTz(slot_getattr(slot,
-													  part.attnum[COL_EXPIRES_AT],
-													  &isnull));
-		if (isnull || expires_at <= now)
-			continue;
-
-		/*
-		 * A live record of the other kind under the same strings is passed
-		 * over; its expires_at is noted, so that a record written next to it
-		 * does not collide with it in the unique index.
-		 */
-		if (part.attnum[COL_IS_TOKEN] == InvalidAttrNumber ? token :
-			DatumGetBool(slot_getattr(slot, part.attnum[COL_IS_TOKEN],
-									  &isnull)) != token)
-		{
-			rec->shadow_expires = expires_at;
-			continue;
-		}
-
-		if (snapshot->snapshot_type != SNAPSHOT_DIRTY)
-		{
-			idem_fill_record(rec, rel, &part, slot);
-			found = true;
-			break;
-		}
-
-		/*
-		 * A dirty snapshot also returns versions whose inserting, updating
-		 * or deleting transaction is still open, and says which transaction
-		 * that is.  A transaction updating a committed record makes a new
-		 * version it is inserting; the index may return either first, and
-		 * the committed one is what the caller must judge (its hash answers
-		 * mismatch at once), so keep looking past a version being inserted.
-		 */
-		inserting = TransactionIdIsValid(snapshot->xmin);
-		if (found && inserting)
-			continue;
-		idem_fill_record(rec, rel, &part, slot);
-		rec->wait_insert = inserting;
-		rec->waitxid = inserting ? snapshot->xmin : snapshot->xmax;
-		found = true;
-		if (!inserting)
-			break;
-	}
-	index_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
+	found = idem_probe_scan(s, rel, index, &part);
 
 	/*
 	 * Under SERIALIZABLE an empty partition was probed all the same, for the
@@ -702,30 +757,44 @@ idem_trusted(Oid relid)
 
 /*
  * The search's step at partition relid: pass it by, without opening it,
- * where its filter, if it may be asked (use_filter, and trusted, see
- * idem_trusted), rules the key of this hash out, and in a filtered search
+ * where its filter, if it may be asked (s->use_filter, and trusted, see
+ * idem_trusted), rules the key out, and in a filtered search
  * (idem_records_find_filtered) also where there is no filter to ask; else
  * probe it.  True if the probe found the record.  *filter_slot: the hint of
  * idem_filter_check.
  */
 static inline bool
-idem_search_step(Oid relid, bool trusted, int *filter_slot, bool use_filter,
-				 uint64 hash, bool filtered, text *scope, text *key,
-				 bool token, TimestampTz now, Snapshot snapshot,
-				 IdemRecord *rec)
+idem_search_step(const IdemSearch *s, Oid relid, bool trusted,
+				 int *filter_slot)
 {
 	IdemFilterAnswer answer = IDEM_FILTER_UNKNOWN;
 
-	if (use_filter)
+	if (s->use_filter)
 	{
 		if (trusted)
-			answer = idem_filter_check(relid, hash, filter_slot);
+			answer = idem_filter_check(relid, s->hash, filter_slot);
 		if (answer == IDEM_FILTER_ABSENT ||
-			(filtered && answer == IDEM_FILTER_UNKNOWN))
+			(s->filtered && answer == IDEM_FILTER_UNKNOWN))
 			return false;
 	}
-	return idem_probe(relid, scope, key, token, now, snapshot,
-					  answer == IDEM_FILTER_MAYBE, rec);
+	return idem_probe(s, relid, answer == IDEM_FILTER_MAYBE);
+}
+
+/*
+ * The search's step at the i-th partition of idem_search_parts.  Whether
+ * its filter may be asked comes from the list while nothing has changed
+ * since it was made, and from the partition cache itself once a probe has
+ * let an invalidation in.
+ */
+static inline bool
+idem_search_part(const IdemSearch *s, int i)
+{
+	IdemSearchPart *part = &idem_search_parts[i];
+	bool		trusted;
+
+	trusted = (idem_search_gen == idem_partitions_gen) ? part->trusted :
+		idem_trusted(part->relid);
+	return idem_search_step(s, part->relid, trusted, &part->filter_slot);
 }
 
 /*
@@ -781,36 +850,40 @@ idem_search_list(Relation parent, PartitionDesc pd)
 }
 
 /*
- * The search of idem_records_find and idem_records_find_filtered.
+ * The search of idem_records_find and idem_records_find_filtered, for the
+ * record of k into *rec.
  *
  * A partition whose known-absent filter (filter.c) rules the key out is
  * not opened at all; the filter covers both kinds of record, so such a
  * partition holds no shadow either.  A filtered search also passes by every
- * partition whose filter cannot be asked.  Whether a filter may be asked
- * comes from the list while nothing has changed since it was made, and
- * from the partition cache itself once a probe has let an invalidation in.
+ * partition whose filter cannot be asked.
  */
 static void
-idem_search(Relation parent, text *scope, text *key, bool token,
-			TimestampTz now, TimestampTz hint, Snapshot snapshot,
-			bool filtered, IdemRecord *rec)
+idem_search(Relation parent, const IdemKey *k, TimestampTz now,
+			TimestampTz hint, Snapshot snapshot, bool filtered,
+			IdemRecord *rec)
 {
 	PartitionDesc pd = RelationGetPartitionDesc(parent, true);
+	IdemSearch	s;
 	int			lo;
 	int			start;
 	int			n;
 	int			i;
-	bool		use_filter;
-	uint64		hash = 0;
 
 	memset(rec, 0, sizeof(IdemRecord));
 	if (pd->boundinfo == NULL)
 		return;
-	use_filter = idem_filter_usable();
-	if (filtered && !use_filter)
+	s.k = k;
+	s.now = now;
+	s.snapshot = snapshot;
+	s.filtered = filtered;
+	s.use_filter = idem_filter_usable();
+	s.hash = 0;
+	s.rec = rec;
+	if (filtered && !s.use_filter)
 		return;
-	if (use_filter)
-		hash = idem_filter_hash(scope, key);
+	if (s.use_filter)
+		s.hash = idem_filter_hash(k->scope, k->key);
 
 	idem_search_list(parent, pd);
 	n = idem_search_nparts;
@@ -824,27 +897,17 @@ idem_search(Relation parent, text *scope, text *key, bool token,
 	for (start = lo; start < n - 1 && idem_search_parts[start].upper <= hint; start++)
 		;
 
-#define IDEM_PROBE(relid, trusted, filter_slot) \
-	idem_search_step((relid), (trusted), (filter_slot), use_filter, hash, \
-					 filtered, scope, key, token, now, snapshot, rec)
-#define IDEM_TRUSTED(i) \
-	(idem_search_gen == idem_partitions_gen ? idem_search_parts[i].trusted : \
-	 idem_trusted(idem_search_parts[i].relid))
-#define IDEM_PROBE_PART(i) \
-	IDEM_PROBE(idem_search_parts[i].relid, IDEM_TRUSTED(i), \
-			   &idem_search_parts[i].filter_slot)
-
 	/*
 	 * The filters of the live ranges are asked one after the other until
 	 * the record turns up, the key's block of each most likely not in the
 	 * CPU's caches: have them all loaded at once.
 	 */
-	if (use_filter)
+	if (s.use_filter)
 	{
 		for (i = lo; i < n; i++)
 		{
 			if (idem_search_parts[i].trusted)
-				idem_filter_prefetch(idem_search_parts[i].relid, hash,
+				idem_filter_prefetch(idem_search_parts[i].relid, s.hash,
 									 &idem_search_parts[i].filter_slot);
 		}
 	}
@@ -853,10 +916,10 @@ idem_search(Relation parent, text *scope, text *key, bool token,
 	if (lo < n)
 	{
 		for (i = start; i >= lo; i--)
-			if (IDEM_PROBE_PART(i))
+			if (idem_search_part(&s, i))
 				return;
 		for (i = start + 1; i < n; i++)
-			if (IDEM_PROBE_PART(i))
+			if (idem_search_part(&s, i))
 				return;
 	}
 	if (OidIsValid(idem_search_default))
@@ -864,11 +927,8 @@ idem_search(Relation parent, text *scope, text *key, bool token,
 		Oid			relid = idem_search_default;
 		int			filter_slot = -1;
 
-		(void) IDEM_PROBE(relid, idem_trusted(relid), &filter_slot);
+		(void) idem_search_step(&s, relid, idem_trusted(relid), &filter_slot);
 	}
-#undef IDEM_PROBE_PART
-#undef IDEM_TRUSTED
-#undef IDEM_PROBE
 }
 
 /*
@@ -886,11 +946,10 @@ idem_search(Relation parent, text *scope, text *key, bool token,
  * first live record found ends the search, since there is at most one.
  */
 void
-idem_records_find(Relation parent, text *scope, text *key, bool token,
-				  TimestampTz now, TimestampTz hint, Snapshot snapshot,
-				  IdemRecord *rec)
+idem_records_find(Relation parent, const IdemKey *k, TimestampTz now,
+				  TimestampTz hint, Snapshot snapshot, IdemRecord *rec)
 {
-	idem_search(parent, scope, key, token, now, hint, snapshot, false, rec);
+	idem_search(parent, k, now, hint, snapshot, false, rec);
 }
 
 /*
@@ -901,11 +960,12 @@ idem_records_find(Relation parent, text *scope, text *key, bool token,
  * one proves nothing.  Nothing is found when filters cannot be used.
  */
 void
-idem_records_find_filtered(Relation parent, text *scope, text *key,
+idem_records_find_filtered(Relation parent, const IdemKey *k,
 						   TimestampTz now, TimestampTz hint,
 						   Snapshot snapshot, IdemRecord *rec)
 {
-	idem_search(parent, scope, key, false, now, hint, snapshot, true, rec);
+	Assert(!k->token);
+	idem_search(parent, k, now, hint, snapshot, true, rec);
 }
 
 /*
@@ -984,15 +1044,18 @@ idem_same_text(Datum stored, text *t)
  * when any of that does not hold; the caller then probes as usual.
  */
 bool
-idem_records_fetch(Relation parent, Oid partoid, ItemPointer tid,
-				   text *scope, text *key, TimestampTz now, IdemRecord *rec)
+idem_records_fetch(Relation parent, const IdemPlace *place, const IdemKey *k,
+				   TimestampTz now, IdemRecord *rec)
 {
+	Oid			partoid = place->partoid;
+	ItemPointer tid = (ItemPointer) &place->tid;
 	Relation	rel;
 	IdemPartition part;
 	TupleTableSlot *slot;
 	SnapshotData dirty;
 	bool		ok = false;
 
+	Assert(!k->token);
 	memset(rec, 0, sizeof(IdemRecord));
 
 	/*
@@ -1032,12 +1095,12 @@ idem_records_fetch(Relation parent, Oid partoid, ItemPointer tid,
 		if (mine)
 		{
 			d = slot_getattr(slot, part.attnum[COL_SCOPE], &isnull);
-			mine = !isnull && idem_same_text(d, scope);
+			mine = !isnull && idem_same_text(d, k->scope);
 		}
 		if (mine)
 		{
 			d = slot_getattr(slot, part.attnum[COL_KEY], &isnull);
-			mine = !isnull && idem_same_text(d, key);
+			mine = !isnull && idem_same_text(d, k->key);
 		}
 		if (mine)
 		{
@@ -1187,12 +1250,12 @@ idem_form_tuple(Relation rel, const IdemPartition *part,
  * Column values of an existing record, for an update to start from.
  */
 static void
-idem_record_columns(const IdemRecord *rec, text *scope, text *key,
-					Datum *values, bool *nulls)
+idem_record_columns(const IdemRecord *rec, const IdemKey *k, Datum *values,
+					bool *nulls)
 {
-	values[COL_SCOPE] = PointerGetDatum(scope);
+	values[COL_SCOPE] = PointerGetDatum(k->scope);
 	nulls[COL_SCOPE] = false;
-	values[COL_KEY] = PointerGetDatum(key);
+	values[COL_KEY] = PointerGetDatum(k->key);
 	nulls[COL_KEY] = false;
 	values[COL_STATUS] = CStringGetTextDatum(rec->completed ? "completed" : "processing");
 	nulls[COL_STATUS] = false;
@@ -1242,17 +1305,15 @@ idem_claim_columns(const IdemClaim *claim, Datum *values, bool *nulls)
 }
 
 /*
- * Insert a new processing record (attempt 1), or an unconsumed one-time
- * token (token; no hash, lease or claim).  The caller holds the key lock and
- * has found no live record of that kind.  Where partoid and tid are not
- * NULL, they are set to where the new row version is (for
- * idem_records_fetch).
+ * Insert a new processing record (attempt 1) of k, or an unconsumed
+ * one-time token (k->token; no hash, lease or claim).  The caller holds the
+ * key lock and has found no live record of that kind.  Where place is not
+ * NULL, it is set to where the new row version is and by which transaction
+ * (for idem_records_fetch).
  */
 void
-idem_records_insert(Relation parent, text *scope, text *key, bool token,
-					bytea *request_hash, TimestampTz now,
-					TimestampTz locked_until, TimestampTz expires_at,
-					const IdemClaim *claim, Oid *partoid, ItemPointer tid)
+idem_records_insert(Relation parent, const IdemKey *k,
+					const IdemNewRecord *nr, IdemPlace *place)
 {
 	Relation	rel;
 	IdemPartition part;
@@ -1261,23 +1322,25 @@ idem_records_insert(Relation parent, text *scope, text *key, bool token,
 	bool		nulls[IDEM_NCOLUMNS];
 	IdemRecord	rec;
 
+	Assert(!k->token || (nr->request_hash == NULL && nr->claim == NULL));
+	Assert(nr->expires_at >= nr->created_at);
 	memset(&rec, 0, sizeof(rec));
-	rec.hash_null = (request_hash == NULL);
-	rec.request_hash = PointerGetDatum(request_hash);
+	rec.hash_null = (nr->request_hash == NULL);
+	rec.request_hash = PointerGetDatum(nr->request_hash);
 	rec.status_null = true;
 	rec.body_null = true;
 	rec.attempt = 1;
-	rec.created_at = now;
-	rec.locked_until = locked_until;
-	rec.locked_until_null = token;
+	rec.created_at = nr->created_at;
+	rec.locked_until = nr->locked_until;
+	rec.locked_until_null = k->token;
 	rec.completed_at_null = true;
-	rec.expires_at = expires_at;
-	rec.is_token = token;
-	idem_record_columns(&rec, scope, key, values, nulls);
-	idem_claim_columns(claim, values, nulls);
+	rec.expires_at = nr->expires_at;
+	rec.is_token = k->token;
+	idem_record_columns(&rec, k, values, nulls);
+	idem_claim_columns(nr->claim, values, nulls);
 
 	idem_prepare_write(parent, ACL_INSERT);
-	rel = table_open(idem_route(parent, expires_at), RowExclusiveLock);
+	rel = table_open(idem_route(parent, nr->expires_at), RowExclusiveLock);
 	idem_partition_info(rel, &part);
 	tuple = idem_form_tuple(rel, &part, values, nulls);
 
@@ -1286,13 +1349,16 @@ idem_records_insert(Relation parent, text *scope, text *key, bool token,
 	 * under the RowExclusiveLock a filter build waits for (filter.c).
 	 */
 	if (idem_filter_enabled())
-		idem_filter_note(RelationGetRelid(rel), idem_filter_hash(scope, key));
+		idem_filter_note(RelationGetRelid(rel),
+						 idem_filter_hash(k->scope, k->key));
 	simple_heap_insert(rel, tuple);
 	idem_insert_index_entries(rel, tuple, false, false);
-	if (partoid != NULL)
-		*partoid = RelationGetRelid(rel);
-	if (tid != NULL)
-		*tid = tuple->t_self;
+	if (place != NULL)
+	{
+		place->partoid = RelationGetRelid(rel);
+		place->tid = tuple->t_self;
+		place->xid = GetTopTransactionIdIfAny();
+	}
 	table_close(rel, NoLock);
 
 	CommandCounterIncrement();
@@ -1339,15 +1405,18 @@ idem_update(const IdemRecord *rec, const Datum *values, const bool *nulls)
  * the request hash if the record had none.
  */
 void
-idem_records_takeover(Relation parent, const IdemRecord *rec, text *scope,
-					  text *key, int32 attempt, TimestampTz locked_until,
-					  bytea *request_hash, const IdemClaim *claim)
+idem_records_takeover(Relation parent, const IdemRecord *rec,
+					  const IdemKey *k, int32 attempt,
+					  TimestampTz locked_until, bytea *request_hash,
+					  const IdemClaim *claim)
 {
 	Datum		values[IDEM_NCOLUMNS];
 	bool		nulls[IDEM_NCOLUMNS];
 
+	Assert(rec->found && !rec->completed && !k->token);
+	Assert(attempt == rec->attempt + 1);
 	idem_prepare_write(parent, ACL_UPDATE);
-	idem_record_columns(rec, scope, key, values, nulls);
+	idem_record_columns(rec, k, values, nulls);
 	values[COL_ATTEMPT] = Int32GetDatum(attempt);
 	values[COL_LOCKED_UNTIL] = TimestampTzGetDatum(locked_until);
 	nulls[COL_LOCKED_UNTIL] = false;
@@ -1365,14 +1434,15 @@ idem_records_takeover(Relation parent, const IdemRecord *rec, text *scope,
  * everything else stays.
  */
 void
-idem_records_extend(Relation parent, const IdemRecord *rec, text *scope,
-					text *key, TimestampTz locked_until)
+idem_records_extend(Relation parent, const IdemRecord *rec,
+					const IdemKey *k, TimestampTz locked_until)
 {
 	Datum		values[IDEM_NCOLUMNS];
 	bool		nulls[IDEM_NCOLUMNS];
 
+	Assert(rec->found && !rec->completed && !k->token);
 	idem_prepare_write(parent, ACL_UPDATE);
-	idem_record_columns(rec, scope, key, values, nulls);
+	idem_record_columns(rec, k, values, nulls);
 	values[COL_LOCKED_UNTIL] = TimestampTzGetDatum(locked_until);
 	nulls[COL_LOCKED_UNTIL] = false;
 	idem_update(rec, values, nulls);
@@ -1383,15 +1453,17 @@ idem_records_extend(Relation parent, const IdemRecord *rec, text *scope,
  * (status not NULL), or a consumed one-time token (status NULL, no body).
  */
 static void
-idem_update_completed(Relation parent, const IdemRecord *rec, text *scope,
-					  text *key, const int32 *status, Datum body,
+idem_update_completed(Relation parent, const IdemRecord *rec,
+					  const IdemKey *k, const int32 *status, Datum body,
 					  bool body_null, TimestampTz now)
 {
 	Datum		values[IDEM_NCOLUMNS];
 	bool		nulls[IDEM_NCOLUMNS];
 
+	Assert(rec->found && !rec->completed);
+	Assert(rec->is_token == k->token && (status == NULL) == k->token);
 	idem_prepare_write(parent, ACL_UPDATE);
-	idem_record_columns(rec, scope, key, values, nulls);
+	idem_record_columns(rec, k, values, nulls);
 	values[COL_STATUS] = CStringGetTextDatum("completed");
 	if (status != NULL)
 	{
@@ -1409,22 +1481,21 @@ idem_update_completed(Relation parent, const IdemRecord *rec, text *scope,
  * Turn a processing record into completed with its response.
  */
 void
-idem_records_complete(Relation parent, const IdemRecord *rec, text *scope,
-					  text *key, int32 status, Datum body, bool body_null,
-					  TimestampTz now)
+idem_records_complete(Relation parent, const IdemRecord *rec,
+					  const IdemKey *k, int32 status, Datum body,
+					  bool body_null, TimestampTz now)
 {
-	idem_update_completed(parent, rec, scope, key, &status, body, body_null,
-						  now);
+	idem_update_completed(parent, rec, k, &status, body, body_null, now);
 }
 
 /*
  * Mark a one-time token consumed.
  */
 void
-idem_records_consume(Relation parent, const IdemRecord *rec, text *scope,
-					 text *key, TimestampTz now)
+idem_records_consume(Relation parent, const IdemRecord *rec,
+					 const IdemKey *k, TimestampTz now)
 {
-	idem_update_completed(parent, rec, scope, key, NULL, (Datum) 0, true, now);
+	idem_update_completed(parent, rec, k, NULL, (Datum) 0, true, now);
 }
 
 /*
