@@ -6,7 +6,7 @@
  *
  * A record is identified by (scope, key) and lives in idempotency.records, a
  * table range-partitioned on expires_at.  The SQL contract these functions
- * implement is README.md (and the team's API.md); this file is the "how".
+ * implement is docs/reference.md; this file is the "how".
  *
  * Uniqueness, waiting and snapshots.  Every write of a (scope, key) is made
  * under its key lock, after a read that sees what other transactions are

@@ -64,7 +64,7 @@ for my $f ($queries, $stale_queries)
 	  unless -r $f;
 }
 
-# The upper bounds of the acquire-duration buckets, in seconds (API.md)
+# The upper bounds of the acquire-duration buckets, in seconds (docs/reference.md)
 my @bounds = (
 	0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
 	0.05, 0.1, 0.25, 0.5, 1, 2.5, 5);

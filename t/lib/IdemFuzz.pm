@@ -1,7 +1,7 @@
 # Copyright (c) idempotency authors
 #
 # The hostile-input corpus of t/006_fuzz.pl, generated deterministically
-# (seeded), with the answer the contract (API.md, "Bad input" and each
+# (seeded), with the answer the contract (docs/reference.md, its SQLSTATEs and each
 # function's section) gives for every case.
 #
 # A case calls one function (acquire, complete, release, lookup, hash) with
