@@ -225,6 +225,17 @@ run_docs() {
 }
 run_docs
 
+# META.json's versions against the control files, and the released SQL
+# scripts against released.sha256 (scripts/release_check.sh).
+log "release checks"
+release_out=$IDEM_TMPDIR/release.out
+if ! bash "$REPO_ROOT/scripts/release_check.sh" 2>&1 | tee "$release_out"; then
+	status=1
+	failures+=$({ grep -E '^release check failed' "$release_out" || true; } | sed "s/^/[pg$IDEM_PG_MAJOR] /")$'\n'
+fi
+grep -E '^release checks: [0-9]+ of [0-9]+ tests passed\.$' "$release_out" >>"$summary" ||
+	echo "release checks: 0 of 1 tests passed." >>"$summary"
+
 for diffs in regression.diffs output_iso/regression.diffs; do
 	if [[ -s $diffs ]]; then
 		echo
