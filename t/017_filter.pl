@@ -32,19 +32,12 @@ idempotency.build_filters_at_start = off
 };
 
 # the outcome of idem_acquire for a key that must be present, in a session
-# that has looked at every partition first (a lookup of an absent key): a
-# backend asks a partition's filter only from its second look at the
-# partition on (records.c, idem_trusted), so a fresh session's first call
-# would find the key with a wrong filter too
+# that asks the filters (warm_up_sql)
 sub outcome
 {
 	my ($node, $db, $key) = @_;
-	return $node->safe_psql(
-		$db, qq{
-SET idempotency.wait_timeout = 0;
-SELECT pg_catalog.count(*) AS warm FROM idempotency.idem_lookup('warm-up-absent') \\gset
-SELECT outcome FROM idempotency.idem_acquire('$key');
-});
+	return $node->safe_psql($db,
+		warm_up_sql() . "SELECT outcome FROM idempotency.idem_acquire('$key');");
 }
 
 sub ready_filters

@@ -54,9 +54,7 @@ sub warm_outcomes
 {
 	my ($db, $n, $call) = @_;
 	return $node->safe_psql(
-		$db, qq{
-SET idempotency.wait_timeout = 0;
-SELECT pg_catalog.count(*) AS warm FROM idempotency.idem_lookup('warm-up-absent') \\gset
+		$db, warm_up_sql() . qq{
 SELECT pg_catalog.string_agg(outcome || '=' || n, ' ' ORDER BY outcome)
   FROM (SELECT a.outcome, pg_catalog.count(*) AS n
           FROM pg_catalog.generate_series(1, $n) i,

@@ -19,7 +19,20 @@ use PostgreSQL::Test::Utils;
 use Time::HiRes ();
 
 our @EXPORT = qw(idem_node sqlstate_of_psql poll_query_back now_ms
-  window_secs sql_fixture);
+  window_secs sql_fixture warm_up_sql);
+
+# warm_up_sql(): the statements that make a session ask the known-absent
+# filters: a backend asks a partition's filter only from its second look at
+# the partition on (records.c, idem_trusted), so a check in a fresh session
+# would pass with a wrong filter.  A lookup of an absent key looks at every
+# live partition; no wait for a claim in progress.
+sub warm_up_sql
+{
+	return q{
+SET idempotency.wait_timeout = 0;
+SELECT pg_catalog.count(*) AS warm FROM idempotency.idem_lookup('warm-up-absent') \gset
+};
+}
 
 # idem_node(NAME, EXTRA_CONF): a started node on 127.0.0.1 with pg_cron
 # preloaded and the extension created in database postgres.
