@@ -11,6 +11,7 @@
 -- Function bodies are those of the two scripts, byte for byte.  A
 -- database at 1.0 still moves up with ALTER EXTENSION idempotency UPDATE.
 --
+
 --
 -- Storage
 --
@@ -89,6 +90,7 @@ SELECT pg_catalog.pg_extension_config_dump('idempotency.records_default', '');
 -- The API (see README.md).  All are SECURITY INVOKER: the caller needs the
 -- privileges that README.md lists.
 --
+
 -- idem_acquire's row, as a named composite type rather than OUT parameters:
 -- the same columns, but the executor takes a named type's descriptor from
 -- the type cache, where OUT parameters make every execution build it again
