@@ -1,8 +1,9 @@
 -- sql/include/readme_grants.sql: the grants docs/reference.md (Privileges) gives an
 -- application role, here to the role named by the psql variable app_role.
 -- Included by the tests that check them (sql/08_privileges.sql,
--- sql/34_upgrade_1_2.sql, t/007_privileges.pl, t/012_upgrade.pl, t/020_proxy.pl);
--- keep it the same as docs/reference.md's block.
+-- sql/33_v12_features.sql, t/007_privileges.pl, t/019_fresh_vs_updated.pl,
+-- t/020_proxy.pl, t/024_upgrade_1_2.pl); keep it the same as
+-- docs/reference.md's block.
 GRANT USAGE ON SCHEMA idempotency TO :"app_role";
 GRANT EXECUTE ON FUNCTION
     idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean, text),

@@ -1,7 +1,7 @@
 -- sql/include/readme_grants_1_1.sql: the grants docs/reference.md gave an
 -- application role at 1.1, here to the role named by the psql variable
 -- app_role, for the tests of databases at 1.1 (sql/15_upgrade.sql,
--- sql/34_upgrade_1_2.sql, t/012_upgrade.pl).
+-- t/012_upgrade.pl, t/019_fresh_vs_updated.pl, t/024_upgrade_1_2.pl).
 GRANT USAGE ON SCHEMA idempotency TO :"app_role";
 GRANT EXECUTE ON FUNCTION
     idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean),
