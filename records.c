@@ -1365,6 +1365,28 @@ idem_records_insert(Relation parent, const IdemKey *k,
 }
 
 /*
+ * Prune the page of a version about to be replaced, as an index fetch of it
+ * would (heap_page_prune_opt: only when the page is nearly full, only what
+ * no snapshot can see, and only if no other backend pins the page; else
+ * nothing).  The complete step reaches its claim by TID and the new-key
+ * probe finds nothing in the index, so without this the page a partition
+ * inserts into is never pruned: the dead processing versions of earlier
+ * completions pile up until a completion no longer fits beside its claim
+ * and is no HOT update.  Pruning keeps line pointers of live tuples where
+ * they are, so rec->tid stays the version to replace.  The caller holds
+ * no pin of the page (or the prune is skipped).
+ */
+static void
+idem_prune_page(Relation rel, ItemPointer tid)
+{
+	Buffer		buffer;
+
+	buffer = ReadBuffer(rel, ItemPointerGetBlockNumber(tid));
+	heap_page_prune_opt(rel, buffer);
+	ReleaseBuffer(buffer);
+}
+
+/*
  * Replace the record version rec points at by one with the given columns.
  */
 static void
@@ -1389,6 +1411,7 @@ idem_update(const IdemRecord *rec, const Datum *values, const bool *nulls)
 		idem_filter_note(rec->partoid,
 						 idem_filter_hash(DatumGetTextPP(values[COL_SCOPE]),
 										  DatumGetTextPP(values[COL_KEY])));
+	idem_prune_page(rel, (ItemPointer) &rec->tid);
 	idem_simple_heap_update(rel, (ItemPointer) &rec->tid, tuple,
 							&update_indexes);
 	if (update_indexes != TU_None)
