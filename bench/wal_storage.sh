@@ -18,7 +18,8 @@
 #              without images (pg_waldump --stats=record's record sizes),
 #              the records per key by type, and the HOT completions
 #              (pg_stat_user_tables n_tup_hot_upd / n_tup_upd)
-#   window 4   VACUUM of the case's tables, then --window new keys: the same
+#   window 4   VACUUM of the case's tables (its WAL per record the tables
+#              held), then --window new keys: the same
 #   storage    heap (main fork) and index bytes per record of the tables
 #              that hold rows, rows per heap page
 #
@@ -253,7 +254,9 @@ for case in $CASES; do
 	window "$case" w2
 	window "$case" w3
 	log "$case: VACUUM, window 4"
+	v0=$(q "SELECT pg_current_wal_insert_lsn()")
 	q "SELECT format('VACUUM %s', r) FROM unnest($(relids "$case")) r" | while read -r v; do q "$v"; done
+	vacuum_wal=$(q "SELECT pg_current_wal_insert_lsn() - '$v0'::pg_lsn")
 	window "$case" w4
 	# storage of the tables that hold rows
 	rows=0 heap=0 idx=0 pages=0 nidx=0
@@ -279,7 +282,7 @@ for case in $CASES; do
 		-v u="$(stat "$f" $hu 3)" -v nu="$(stat "$f" $hu 2)" \
 		-v c="$(stat "$f" Transaction/COMMIT 3)" -v nc="$(stat "$f" Transaction/COMMIT 2)" -v k="$nidx" \
 		'BEGIN { m = (ni ? i / ni : 0) + k * (nb ? b / nb : 0) + (nu ? u / nu : 0) + (nc ? c / nc : 0); printf "%.0f", m }')
-	printf '%s\tstorage\t%s\t%s\t%s\t%s\t%s\t%s\n' "$case" "$rows" "$heap" "$idx" "$pages" "$nidx" "$minimum" >>"$SUMMARY"
+	printf '%s\tstorage\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$case" "$rows" "$heap" "$idx" "$pages" "$nidx" "$minimum" "$vacuum_wal" >>"$SUMMARY"
 	{
 		echo "## $case: records per key by type (window 2, no images; window 3 beside it)"
 		echo
@@ -302,24 +305,24 @@ done
 	echo "FPI: block images per key right after a CHECKPOINT (window 1), and their bytes per key."
 	echo "HOT: n_tup_hot_upd / n_tup_upd of windows 2+3 and of window 4 (after VACUUM)."
 	echo
-	echo "| case | WAL B/key w2 | w3 | after VACUUM | minimum | WAL / floor's | FPI/key after CHECKPOINT | FPI B/key | HOT | HOT after VACUUM | heap B/rec | index B/rec | B/rec | / floor's | rows/heap page |"
-	echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+	echo "| case | WAL B/key w2 | w3 | after VACUUM | minimum | WAL / floor's | FPI/key after CHECKPOINT | FPI B/key | HOT | HOT after VACUUM | heap B/rec | index B/rec | B/rec | / floor's | rows/heap page | VACUUM WAL B/rec |"
+	echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 	awk -F'\t' -v w="$WINDOW" '
 		$2 == "w1" { fpi[$1] = $5 / w; fpib[$1] = $4 / w }
 		$2 == "w2" { w2[$1] = $3 / w; u23[$1] += $6; h23[$1] += $7 }
 		$2 == "w3" { w3[$1] = $3 / w; u23[$1] += $6; h23[$1] += $7 }
 		$2 == "w4" { w4[$1] = $3 / w; u4[$1] = $6; h4[$1] = $7 }
-		$2 == "storage" { rows[$1] = $3; heap[$1] = $4; idx[$1] = $5; pages[$1] = $6; min[$1] = $8; order[++n] = $1 }
+		$2 == "storage" { rows[$1] = $3; heap[$1] = $4; idx[$1] = $5; pages[$1] = $6; min[$1] = $8; vac[$1] = $9; order[++n] = $1 }
 		END {
 			for (i = 1; i <= n; i++) {
 				c = order[i]
 				br = (heap[c] + idx[c]) / rows[c]
 				fw = ("floor" in w2) ? sprintf("%.3f", w2[c] / w2["floor"]) : "-"
 				fb = ("floor" in rows) ? sprintf("%.3f", br / ((heap["floor"] + idx["floor"]) / rows["floor"])) : "-"
-				printf "| %s | %.1f | %.1f | %.1f | %d | %s | %.3f | %.1f | %.1f %% | %.1f %% | %.1f | %.1f | %.1f | %s | %.1f |\n",
+				printf "| %s | %.1f | %.1f | %.1f | %d | %s | %.3f | %.1f | %.1f %% | %.1f %% | %.1f | %.1f | %.1f | %s | %.1f | %.1f |\n",
 					c, w2[c], w3[c], w4[c], min[c], fw, fpi[c], fpib[c],
 					u23[c] ? 100 * h23[c] / u23[c] : 0, u4[c] ? 100 * h4[c] / u4[c] : 0,
-					heap[c] / rows[c], idx[c] / rows[c], br, fb, rows[c] / pages[c]
+					heap[c] / rows[c], idx[c] / rows[c], br, fb, rows[c] / pages[c], vac[c] / (rows[c] - w)
 			}
 		}' "$SUMMARY"
 	echo

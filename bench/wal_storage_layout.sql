@@ -5,7 +5,9 @@
 --
 -- Environment (psql \getenv):
 --   WS_FILLFACTOR  the partitions' fillfactor (default 100)
---   WS_ORDER       parent: the parent's column order (as LIKE makes them);
+--   WS_ORDER       keep: the partitions as they are, only the two settings
+--                  below changed (ALTER TABLE ... SET);
+--                  parent: the parent's column order (as LIKE makes them);
 --                  hot: the columns a completion leaves alone first, fixed
 --                  width and 8-byte aligned first, then what a completion
 --                  writes (status, response_status, completed_at,
@@ -63,6 +65,11 @@ BEGIN
               WHERE h.inhparent = 'idempotency.records'::regclass
                 AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'
     LOOP
+        IF ord = 'keep' THEN
+            EXECUTE format('ALTER TABLE %s SET (fillfactor = %s, autovacuum_enabled = %s)',
+                           p.rel, current_setting('ws.ff'), current_setting('ws.av'));
+            CONTINUE;
+        END IF;
         EXECUTE format('ALTER TABLE idempotency.records DETACH PARTITION %s', p.rel);
         IF EXISTS (SELECT FROM pg_depend WHERE classid = 'pg_class'::regclass AND objid = p.rel
                       AND deptype = 'e') THEN
