@@ -81,8 +81,51 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT 90 $$;
 
+--
+-- make_partition(part_name, range_start, range_end): a new dated partition
+-- in the layout above, not attached yet: its CHECK of the range (so that
+-- ATTACH scans nothing), the parent's CHECK constraints by name (as ATTACH
+-- wants them), and its unique (scope, key, expires_at) index as its
+-- replica identity.  Calls nothing of the library, so that the update
+-- below runs in a session that loaded an older one.
+--
+CREATE FUNCTION idempotency.make_partition(part_name text, range_start timestamptz,
+                                           range_end timestamptz)
+RETURNS regclass
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    part    regclass;
+    con     record;
+BEGIN
+    EXECUTE pg_catalog.format('CREATE TABLE idempotency.%I (%s,'
+                              '  CHECK (expires_at OPERATOR(pg_catalog.>=) %L'
+                              ' AND expires_at OPERATOR(pg_catalog.<) %L))'
+                              ' WITH (fillfactor = %s)',
+                              part_name, idempotency.partition_columns(), range_start,
+                              range_end, idempotency.partition_fillfactor());
+    part := pg_catalog.format('idempotency.%I', part_name)::pg_catalog.regclass;
+    FOR con IN SELECT c.conname, pg_catalog.pg_get_constraintdef(c.oid) AS def
+                 FROM pg_catalog.pg_constraint c
+                WHERE c.conrelid OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass
+                  AND c.contype OPERATOR(pg_catalog.=) 'c'
+                ORDER BY c.conname
+    LOOP
+        EXECUTE pg_catalog.format('ALTER TABLE %s ADD CONSTRAINT %I %s',
+                                  part, con.conname, con.def);
+    END LOOP;
+    EXECUTE pg_catalog.format('CREATE UNIQUE INDEX %I ON %s (scope, key, expires_at)',
+                              pg_catalog.concat(part_name, '_key'), part);
+    EXECUTE pg_catalog.format('ALTER TABLE %s REPLICA IDENTITY USING INDEX %I',
+                              part, pg_catalog.concat(part_name, '_key'));
+    RETURN part;
+END
+$$;
+
 REVOKE ALL ON FUNCTION idempotency.partition_columns() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.partition_fillfactor() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.make_partition(text, timestamptz, timestamptz) FROM PUBLIC;
 
 --
 -- maintain_partitions(): 1.0's partition work (see idem_maintain in
@@ -106,8 +149,6 @@ DECLARE
     slot_start  timestamptz;
     part        regclass;
     part_name   text;
-    columns     text := idempotency.partition_columns();
-    con         record;
     moving      boolean := false;
     created     int := 0;
     dropped     int := 0;
@@ -172,29 +213,8 @@ BEGIN
         WHILE slot_start OPERATOR(pg_catalog.<) horizon LOOP
             part_name := pg_catalog.concat('records_p',
                 pg_catalog.to_char(slot_start AT TIME ZONE 'UTC', 'YYYYMMDD"_"HH24MISS'));
-            -- the layout above; its range as a CHECK, so ATTACH scans nothing
-            EXECUTE pg_catalog.format('CREATE TABLE idempotency.%I (%s,'
-                                      '  CHECK (expires_at OPERATOR(pg_catalog.>=) %L'
-                                      ' AND expires_at OPERATOR(pg_catalog.<) %L))'
-                                      ' WITH (fillfactor = %s)',
-                                      part_name, columns, slot_start,
-                                      slot_start OPERATOR(pg_catalog.+) step,
-                                      idempotency.partition_fillfactor());
-            part := pg_catalog.format('idempotency.%I', part_name)::pg_catalog.regclass;
-            -- the parent's CHECK constraints, by name, as ATTACH wants them
-            FOR con IN SELECT c.conname, pg_catalog.pg_get_constraintdef(c.oid) AS def
-                         FROM pg_catalog.pg_constraint c
-                        WHERE c.conrelid OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass
-                          AND c.contype OPERATOR(pg_catalog.=) 'c'
-                        ORDER BY c.conname
-            LOOP
-                EXECUTE pg_catalog.format('ALTER TABLE %s ADD CONSTRAINT %I %s',
-                                          part, con.conname, con.def);
-            END LOOP;
-            EXECUTE pg_catalog.format('CREATE UNIQUE INDEX %I ON %s (scope, key, expires_at)',
-                                      pg_catalog.concat(part_name, '_key'), part);
-            EXECUTE pg_catalog.format('ALTER TABLE %s REPLICA IDENTITY USING INDEX %I',
-                                      part, pg_catalog.concat(part_name, '_key'));
+            part := idempotency.make_partition(part_name, slot_start,
+                                               slot_start OPERATOR(pg_catalog.+) step);
             IF moving THEN
                 EXECUTE pg_catalog.format('WITH moved AS (DELETE FROM idempotency.records_default d'
                                           ' WHERE d.expires_at OPERATOR(pg_catalog.>=) %L'
@@ -239,39 +259,42 @@ END
 $$;
 
 --
--- The dated partitions that hold no record yet, from the last one back to
--- the last that holds one (every dated partition of a new install, whose
--- first partitions the 1.0 script made), are made again in the layout
--- above, so that it takes effect now rather than after max_ttl.  Under the
--- ACCESS EXCLUSIVE lock on idempotency.records that maintenance takes:
--- no claim can write to them meanwhile (the update waits for the claims
--- under way, and new ones wait for it, as for 1.1's columns).  Those made
--- here are released from the extension, as the 1.0 script releases its
--- own: maintenance drops them, and pg_dump dumps their rows.
+-- The dated partitions that hold no record yet (every dated partition of a
+-- new install, which the 1.0 script made) are made again in the layout
+-- above, with the same names and bounds, so that it takes effect now rather
+-- than after max_ttl: at most the first 32, since every partition dropped
+-- and made takes locks held to the end of the update (short partition
+-- intervals make hundreds).  Under the ACCESS EXCLUSIVE lock on
+-- idempotency.records that maintenance takes: no claim can write to them
+-- meanwhile (the update waits for the claims under way, and new ones wait
+-- for it, as for 1.1's columns).  Those made here are released from the
+-- extension, as the 1.0 script releases its own: maintenance drops them,
+-- and pg_dump dumps their rows.
 --
 DO $$
 DECLARE
+    p       record;
     part    regclass;
     used    boolean;
+    remade  int := 0;
 BEGIN
     LOCK TABLE idempotency.records IN ACCESS EXCLUSIVE MODE;
-    FOR part IN SELECT p.partition FROM idempotency.partitions p
-                 WHERE NOT p.is_default
-                 ORDER BY p.range_end DESC
+    FOR p IN SELECT v.partition, v.range_start, v.range_end, c.relname
+               FROM idempotency.partitions v
+               JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) v.partition
+              WHERE NOT v.is_default
+              ORDER BY v.range_start
     LOOP
-        EXECUTE pg_catalog.format('SELECT EXISTS (SELECT FROM %s)', part) INTO used;
-        EXIT WHEN used;
-        EXECUTE pg_catalog.format('DROP TABLE %s', part);
-    END LOOP;
-    PERFORM idempotency.maintain_partitions();
-    FOR part IN SELECT p.partition FROM idempotency.partitions p
-                  JOIN pg_catalog.pg_depend d
-                    ON d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
-                   AND d.objid OPERATOR(pg_catalog.=) p.partition
-                   AND d.deptype OPERATOR(pg_catalog.=) 'e'
-                 WHERE NOT p.is_default
-    LOOP
+        EXIT WHEN remade OPERATOR(pg_catalog.>=) 32;
+        EXECUTE pg_catalog.format('SELECT EXISTS (SELECT FROM %s)', p.partition) INTO used;
+        CONTINUE WHEN used;
+        EXECUTE pg_catalog.format('DROP TABLE %s', p.partition);
+        part := idempotency.make_partition(p.relname, p.range_start, p.range_end);
+        EXECUTE pg_catalog.format('ALTER TABLE idempotency.records ATTACH PARTITION %s'
+                                  ' FOR VALUES FROM (%L) TO (%L)',
+                                  part, p.range_start, p.range_end);
         EXECUTE pg_catalog.format('ALTER EXTENSION idempotency DROP TABLE %s', part);
+        remade := remade OPERATOR(pg_catalog.+) 1;
     END LOOP;
 END
 $$;

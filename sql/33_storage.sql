@@ -27,8 +27,8 @@ SELECT count(*) > 0 AS some_partitions,
   JOIN pg_class c ON c.oid = p.partition
  WHERE NOT p.is_default;
 
--- 300 keys, each claimed and completed in a transaction of its own, with a
--- 300-byte response.  Counted over every partition: the records of a ttl
+-- 300 keys of a scope of their own, each claimed and completed in a
+-- transaction of its own, with a 300-byte response.  Counted over every partition: the records of a ttl
 -- may straddle two.
 CREATE TEMP VIEW storage_now AS
 SELECT sum(s.n_tup_upd) AS upd, sum(s.n_tup_hot_upd) AS hot,
@@ -39,9 +39,9 @@ SELECT pg_stat_force_next_flush();
 SELECT upd AS upd0, hot AS hot0, pages AS pages0 FROM storage_now \gset
 \set ECHO none
 \o /dev/null
-SELECT format('SELECT idempotency.idem_acquire(%L, ''{"order": 1}'', ttl => interval ''3 days''); '
-              'SELECT idempotency.idem_complete(%L, 201, %L)',
-              'st-' || i, 'st-' || i, jsonb_build_object('receipt', repeat('x', 280)))
+SELECT format('SELECT idempotency.idem_acquire(%L, ''{"order": 1}'', ''storage'', ttl => interval ''3 days''); '
+              'SELECT idempotency.idem_complete(%L, 201, %L, ''storage'')',
+              'k-' || i, 'k-' || i, jsonb_build_object('receipt', repeat('x', 280)))
   FROM generate_series(1, 300) i \gexec
 \o
 \set ECHO all
@@ -51,4 +51,4 @@ SELECT pg_stat_force_next_flush();
 SELECT upd - :upd0 AS completions, hot - :hot0 AS hot, pages - :pages0 <= 21 AS compact
   FROM storage_now;
 SELECT count(*) AS completed FROM idempotency.records
- WHERE scope = '' AND key LIKE 'st-%' AND status = 'completed';
+ WHERE scope = 'storage' AND status = 'completed';
