@@ -25,13 +25,15 @@
 -- column this list does not know (a later version's) goes at the end.
 --
 -- Fillfactor (partition_fillfactor).  A HOT update needs room for the new
--- version on the old one's page.  The page an insert goes to is pruned
--- before the completion (records.c), which frees the dead versions of the
--- completions before it, but not the claims still being processed beside
--- it; the space reserved from inserts leaves room for them.  VACUUM puts
--- the pages with space in the free-space map, and inserts then go back to
--- them: without the reserve, a claim inserted there would leave no room for
--- its completion.
+-- version on the old one's page: the reserve (6 %, 491 bytes) holds a
+-- completed record with a response of about 300 bytes.  Without it, a claim
+-- inserted into a nearly full page (one that VACUUM put in the free-space
+-- map, say) leaves no room for its completion.  The library prunes a page
+-- before it inserts into it or updates in it (records.c), but
+-- heap_page_prune_opt prunes only a page with less than a tenth free: the
+-- reserve plus a claim must stay below that, or inserts would leave pages
+-- before their dead claims are pruned (at 90, a record took 30 % more room
+-- than at 94; bench/wal_storage.sh, BENCHMARKS.md).
 --
 
 --
@@ -79,7 +81,7 @@ CREATE FUNCTION idempotency.partition_fillfactor()
 RETURNS int
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT 90 $$;
+AS $$ SELECT 94 $$;
 
 --
 -- make_partition(part_name, range_start, range_end): a new dated partition

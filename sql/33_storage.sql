@@ -46,8 +46,8 @@ SELECT format('SELECT idempotency.idem_acquire(%L, ''{"order": 1}'', ''storage''
 \o
 \set ECHO all
 SELECT pg_stat_force_next_flush();
--- every completion HOT; the 300 records in 21 pages or fewer (15 a page;
--- 12 when the dead claims stay, at this fillfactor)
+-- every completion HOT; the 300 records in 21 pages or fewer (about 15 a
+-- page; about 25 pages when the dead claims stay)
 SELECT upd - :upd0 AS completions, hot - :hot0 AS hot, pages - :pages0 <= 21 AS compact
   FROM storage_now;
 SELECT count(*) AS completed FROM idempotency.records
