@@ -10,7 +10,10 @@
 -- that logs little more than what it writes.  Partitions made before keep
 -- their layout (a partition may order its columns differently from its
 -- parent; every reader and writer finds columns by name), so the change
--- takes effect as the new partitions fill, within max_ttl.
+-- takes effect as maintenance makes new partitions: after max_ttl plus two
+-- partition intervals, also on a new install, whose first partitions the
+-- 1.0 script makes.  (Making the empty ones again during the update held
+-- locks on every one of them to its end, and slowed CREATE EXTENSION.)
 --
 -- Column order (partition_columns).  log_heap_update leaves out of the WAL
 -- the bytes a new row version shares with the old one at its start and at
@@ -88,8 +91,7 @@ AS $$ SELECT 94 $$;
 -- in the layout above, not attached yet: its CHECK of the range (so that
 -- ATTACH scans nothing), the parent's CHECK constraints by name (as ATTACH
 -- wants them), and its unique (scope, key, expires_at) index as its
--- replica identity.  Calls nothing of the library, so that the update
--- below runs in a session that loaded an older one.
+-- replica identity.
 --
 CREATE FUNCTION idempotency.make_partition(part_name text, range_start timestamptz,
                                            range_end timestamptz)
@@ -257,46 +259,5 @@ BEGIN
     partitions_created := created;
     partitions_dropped := dropped;
     RETURN NEXT;
-END
-$$;
-
---
--- The dated partitions that hold no record yet (every dated partition of a
--- new install, which the 1.0 script made) are made again in the layout
--- above, with the same names and bounds, so that it takes effect now rather
--- than after max_ttl: at most the first 32, since every partition dropped
--- and made takes locks held to the end of the update (short partition
--- intervals make hundreds).  Under the ACCESS EXCLUSIVE lock on
--- idempotency.records that maintenance takes: no claim can write to them
--- meanwhile (the update waits for the claims under way, and new ones wait
--- for it, as for 1.1's columns).  Those made here are released from the
--- extension, as the 1.0 script releases its own: maintenance drops them,
--- and pg_dump dumps their rows.
---
-DO $$
-DECLARE
-    p       record;
-    part    regclass;
-    used    boolean;
-    remade  int := 0;
-BEGIN
-    LOCK TABLE idempotency.records IN ACCESS EXCLUSIVE MODE;
-    FOR p IN SELECT v.partition, v.range_start, v.range_end, c.relname
-               FROM idempotency.partitions v
-               JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) v.partition
-              WHERE NOT v.is_default
-              ORDER BY v.range_start
-    LOOP
-        EXIT WHEN remade OPERATOR(pg_catalog.>=) 32;
-        EXECUTE pg_catalog.format('SELECT EXISTS (SELECT FROM %s)', p.partition) INTO used;
-        CONTINUE WHEN used;
-        EXECUTE pg_catalog.format('DROP TABLE %s', p.partition);
-        part := idempotency.make_partition(p.relname, p.range_start, p.range_end);
-        EXECUTE pg_catalog.format('ALTER TABLE idempotency.records ATTACH PARTITION %s'
-                                  ' FOR VALUES FROM (%L) TO (%L)',
-                                  part, p.range_start, p.range_end);
-        EXECUTE pg_catalog.format('ALTER EXTENSION idempotency DROP TABLE %s', part);
-        remade := remade OPERATOR(pg_catalog.+) 1;
-    END LOOP;
 END
 $$;

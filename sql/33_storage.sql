@@ -9,7 +9,18 @@
 --
 SET idempotency.wait_timeout = 0;
 SET stats_fetch_consistency = none;
-SELECT count(*) >= 0 AS maintained FROM idempotency.idem_maintain();
+-- The partitions of CREATE EXTENSION come from the 1.0 script: drop them
+-- all (this is the last test), and let 1.2's maintenance make new ones.
+DO $$
+DECLARE
+    part regclass;
+BEGIN
+    FOR part IN SELECT p.partition FROM idempotency.partitions p WHERE NOT p.is_default LOOP
+        EXECUTE format('DROP TABLE %s', part);
+    END LOOP;
+END
+$$;
+SELECT partitions_created > 0 AS made FROM idempotency.idem_maintain();
 
 -- every dated partition: the completion's columns last, the fillfactor
 SELECT count(*) > 0 AS some_partitions,
