@@ -133,6 +133,9 @@ RESP=$(pad '{"payment_id": 7, "status": "succeeded", "amount_cents": 2000, "rece
 
 IDEM_QUIET=1
 ((IN_ROOT)) || use_private_pg
+# Only this tree's scripts: a full script of a version this tree has as an
+# update (left in the host's installation by another build) would win.
+rm -f "$("$PG_CONFIG" --sharedir)"/extension/idempotency--*.sql
 install_deps
 build_install
 # shellcheck disable=SC2119

@@ -5,7 +5,11 @@
 --
 -- Environment (psql \getenv):
 --   WS_FILLFACTOR  the partitions' fillfactor (default 100)
---   WS_ORDER       keep: the partitions as they are, only the two settings
+--   WS_ORDER       maintenance: drop them and let idem_maintain() make them
+--                  as the installed version's maintenance does (from 1.2
+--                  on, the layout of issue 30; CREATE EXTENSION's come from
+--                  the 1.0 script); the two settings below are ignored;
+--                  keep: the partitions as they are, only the two settings
 --                  below changed (ALTER TABLE ... SET);
 --                  parent: the parent's column order (as LIKE makes them);
 --                  hot: the columns a completion leaves alone first, fixed
@@ -37,6 +41,19 @@ SELECT set_config('ws.ff', :'ff', false), set_config('ws.ord', :'ord', false),
 
 DO $$
 DECLARE
+    part regclass;
+BEGIN
+    IF current_setting('ws.ord') = 'maintenance' THEN
+        FOR part IN SELECT p.partition FROM idempotency.partitions p WHERE NOT p.is_default LOOP
+            EXECUTE format('DROP TABLE %s', part);
+        END LOOP;
+        PERFORM idempotency.idem_maintain();
+    END IF;
+END
+$$;
+
+DO $$
+DECLARE
     hot_order text[] := ARRAY['created_at', 'locked_until', 'expires_at', 'owner_start',
                               'claim', 'attempt', 'owner_pid', 'is_token',
                               'scope', 'key', 'request_hash',
@@ -60,6 +77,9 @@ BEGIN
       LEFT JOIN pg_collation co ON co.oid = a.attcollation
      WHERE a.attrelid = 'idempotency.records'::regclass AND a.attnum > 0 AND NOT a.attisdropped;
 
+    IF ord = 'maintenance' THEN
+        RETURN;
+    END IF;
     FOR p IN SELECT c.oid::regclass AS rel, c.relname, pg_get_expr(c.relpartbound, c.oid) AS bound
                FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid
               WHERE h.inhparent = 'idempotency.records'::regclass
