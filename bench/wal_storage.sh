@@ -220,8 +220,14 @@ window() {
 	# synchronous_commit is off: a commit that waits for its flush
 	q "BEGIN; SET LOCAL synchronous_commit = on; SELECT pg_current_xact_id(); COMMIT" >/dev/null
 	u1=$(upd "$case")
-	as_postgres "$PG_BINDIR/pg_waldump" -p "$IDEM_PGDATA/pg_wal" -s "$start" -e "$end" --stats=record \
-		>"$WORK/$case-$label.stats" 2>"$WORK/$case-$label.err" || { cat "$WORK/$case-$label.err" >&2; die "pg_waldump failed"; }
+	# (again after a pause if the window's last page is not on disk yet)
+	for try in 1 2 3 4 5 6; do
+		as_postgres "$PG_BINDIR/pg_waldump" -p "$IDEM_PGDATA/pg_wal" -s "$start" -e "$end" --stats=record \
+			>"$WORK/$case-$label.stats" 2>"$WORK/$case-$label.err" && break
+		((try < 6)) || { cat "$WORK/$case-$label.err" >&2; die "pg_waldump failed"; }
+		sleep 1
+		q "BEGIN; SET LOCAL synchronous_commit = on; SELECT pg_current_xact_id(); COMMIT" >/dev/null
+	done
 	as_postgres "$PG_BINDIR/pg_waldump" -p "$IDEM_PGDATA/pg_wal" -s "$start" -e "$end" 2>/dev/null |
 		grep -o 'FPW' | wc -l >"$WORK/$case-$label.fpi" || true
 	echo "$u0 $u1" | awk '{ print $3 - $1, $4 - $2 }' >"$WORK/$case-$label.hot"
