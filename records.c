@@ -1390,6 +1390,50 @@ idem_claim_columns(const IdemClaim *claim, Datum *values, bool *nulls)
 }
 
 /*
+ * Prune the page of a version about to be replaced, as an index fetch of it
+ * would (heap_page_prune_opt: only when the page is nearly full, only what
+ * no snapshot can see, and only if no other backend pins the page; else
+ * nothing).  The complete step reaches its claim by TID and the new-key
+ * probe finds nothing in the index, so without this the page a partition
+ * inserts into is never pruned: the dead processing versions of earlier
+ * completions pile up until a completion no longer fits beside its claim
+ * and is no HOT update.  Pruning keeps line pointers of live tuples where
+ * they are, so rec->tid stays the version to replace.  The caller holds
+ * no pin of the page (or the prune is skipped).
+ */
+static void
+idem_prune_page(Relation rel, ItemPointer tid)
+{
+	Buffer		buffer;
+
+	buffer = ReadBuffer(rel, ItemPointerGetBlockNumber(tid));
+	heap_page_prune_opt(rel, buffer);
+	ReleaseBuffer(buffer);
+}
+
+/*
+ * Prune the page the next insert into rel will try first (the relation's
+ * target block, if it has one), for the same reason: with a fillfactor, an
+ * insert skips a page whose free space is below the reserve without
+ * pruning it, and a completion prunes only a page whose free space is
+ * already below it.  So the dead processing versions of a page would stay
+ * until the partition is dropped, and every record would take the room of
+ * its claim twice.  RelationGetBufferForTuple reads the same block first.
+ */
+static void
+idem_prune_target(Relation rel)
+{
+	BlockNumber blkno = RelationGetTargetBlock(rel);
+	Buffer		buffer;
+
+	if (blkno == InvalidBlockNumber)
+		return;
+	buffer = ReadBuffer(rel, blkno);
+	heap_page_prune_opt(rel, buffer);
+	ReleaseBuffer(buffer);
+}
+
+/*
  * Insert a new processing record (attempt 1) of k, or an unconsumed
  * one-time token (k->token; no hash, lease or claim).  The caller holds the
  * key lock and has found no live record of that kind.  Where place is not
@@ -1437,6 +1481,7 @@ idem_records_insert(Relation parent, const IdemKey *k,
 	if (idem_filter_enabled())
 		idem_filter_note(RelationGetRelid(rel),
 						 idem_filter_hash(k->scope, k->key));
+	idem_prune_target(rel);
 	simple_heap_insert(rel, tuple);
 	idem_insert_index_entries(rel, tuple, false, false);
 	if (place != NULL)
@@ -1475,6 +1520,7 @@ idem_update(const IdemRecord *rec, const Datum *values, const bool *nulls)
 		idem_filter_note(rec->partoid,
 						 idem_filter_hash(DatumGetTextPP(values[COL_SCOPE]),
 										  DatumGetTextPP(values[COL_KEY])));
+	idem_prune_page(rel, (ItemPointer) &rec->tid);
 	idem_simple_heap_update(rel, (ItemPointer) &rec->tid, tuple,
 							&update_indexes);
 	if (update_indexes != TU_None)
