@@ -25,6 +25,10 @@ private_pg_make() {
 	cp -a /usr/lib/postgresql/15 "$prefix/lib/postgresql/"
 	cp -a /usr/share/postgresql/15 "$prefix/share/postgresql/"
 	ln -s /usr/include/postgresql "$prefix/include/postgresql"
+	# nothing of an earlier install into the host's directories
+	rm -f "$prefix"/share/postgresql/15/extension/idempotency{,_proxy}{.control,--*.sql} \
+		"$prefix"/lib/postgresql/15/lib/idempotency.so
+	rm -rf "$prefix"/lib/postgresql/15/lib/bitcode/idempotency{,.index.bc}
 	# the postgres OS user runs the binaries from here
 	chmod 755 "$prefix"
 }

@@ -211,6 +211,12 @@ use_private_pg() {
 	cp -a "/usr/lib/postgresql/$IDEM_PG_MAJOR" "$prefix/lib/postgresql/"
 	cp -a "/usr/share/postgresql/$IDEM_PG_MAJOR" "$prefix/share/postgresql/"
 	ln -s /usr/include/postgresql "$prefix/include/postgresql"
+	# What an earlier install left in the host's own directories (a run
+	# with IDEM_PRIVATE_PG=0, a by-hand make install) must not leak into
+	# this run: a stale idempotency--1.2.sql there would shadow the tree's.
+	rm -f "$prefix/share/postgresql/$IDEM_PG_MAJOR"/extension/idempotency{,_proxy}{.control,--*.sql} \
+		"$prefix/lib/postgresql/$IDEM_PG_MAJOR"/lib/idempotency.so
+	rm -rf "$prefix/lib/postgresql/$IDEM_PG_MAJOR"/lib/bitcode/idempotency{,.index.bc}
 	PG_BINDIR=$prefix/lib/postgresql/$IDEM_PG_MAJOR/bin
 	PG_CONFIG=$PG_BINDIR/pg_config
 	[[ $("$PG_CONFIG" --pkglibdir) == "$prefix"/* ]] ||
