@@ -189,6 +189,22 @@ BEGIN
 END
 $$;
 
+-- shard_owns(scope, key): for an application's own endpoint on the shards
+-- (proxy/README.md, the in-transaction mode), called after its
+-- idem_acquire answered acquired with attempt 1: raise 55R01 (and so roll
+-- the claim back) unless this shard owns the key under its newest layout,
+-- in force.  Nothing is checked on a shard without a layout.
+CREATE FUNCTION idempotency.shard_owns(scope text, key text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM idempotency.shard_check((SELECT s.version FROM idempotency.shard_layout s),
+                                    idempotency.shard_key_hash(scope, key), true);
+END
+$$;
+
 -- shard_layout_get(): the layout this shard knows (no row: none), for a
 -- router that reloads or is rebuilt.
 CREATE FUNCTION idempotency.shard_layout_get(
@@ -297,5 +313,6 @@ GRANT EXECUTE ON FUNCTION idempotency.shard_check(bigint, int, boolean) TO PUBLI
 GRANT EXECUTE ON FUNCTION idempotency.shard_acquire(bigint, text, jsonb, text, interval, interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency.shard_lookup(bigint, text, text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency.shard_token_issue(bigint, int, text, interval) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.shard_owns(text, text) TO PUBLIC;
 
 -- End of shard ownership (issue 28)

@@ -375,6 +375,15 @@ SELECT pg_catalog.translate(pg_catalog.encode(pg_catalog.substr(pg_catalog.sha25
            pg_catalog.convert_to($1, 'UTF8')), 1, 3), 'base64'), '+/', '-_')
 $$;
 
+-- router_setting(name, fallback): the router's own setting
+-- idempotency.<name> (a plain custom setting: no library on the router).
+CREATE FUNCTION idempotency.router_setting(name text, fallback text)
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+SELECT COALESCE(NULLIF(pg_catalog.current_setting('idempotency.' OPERATOR(pg_catalog.||) $1, true), ''), $2)
+$$;
+
 -- token_hash(token): the routing value of a router token, NULL for any
 -- other string.  A 1.2 token (42 characters) counts only with its check
 -- right; a 1.1 token (38, issued before the update) as in 1.1.
@@ -528,6 +537,11 @@ DECLARE
     s       text;
     msg     text;
 BEGIN
+    -- a 1.1 token (38 characters, no check), once they are no longer taken
+    IF length(token) = 38
+       AND idempotency.router_setting('legacy_tokens', 'on') = 'off' THEN
+        h := NULL;
+    END IF;
     IF h IS NULL THEN
         -- not a router token: the shard answers (22004, 22023 or false)
         h := idempotency.key_hash(scope, token);
@@ -777,4 +791,5 @@ REVOKE ALL ON FUNCTION idempotency.cluster_reload(int) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_failure(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.route_acquire(int, text, jsonb, text, interval, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.token_check(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.router_setting(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.cluster_layouts(text[]) FROM PUBLIC;

@@ -11,6 +11,8 @@
 #     claimed again on its old shard), and then routes by the new layout;
 #   - a router rebuilt from nothing, declared over any one shard, reads
 #     the layout back from the shards and serves at once;
+#   - a monitoring role with exactly the grants README.md (shards) and
+#     proxy/README.md (router) give reads the router's statistics views;
 #   - a shard refuses a claim of a key it does not own, and one from a
 #     router with another layout, with SQLSTATE 55R01.
 
@@ -78,7 +80,9 @@ is(scalar(grep { on($r2, "SELECT outcome FROM idempotency.idem_acquire('$_', NUL
 
 # ------------------------------------------------------------------
 # Grow 2 -> 4 through the first router while 8 clients, 4 on each router,
-# claim 120 keys twice each; the second router is never told.
+# claim 120 keys twice each (first in order, a few apart, so that new keys
+# are still being claimed after the switch, then shuffled); the second
+# router is never told.
 my @pool = map { "live$_" } 1 .. 120;
 sub client_script
 {
@@ -88,7 +92,7 @@ sub client_script
 			"WITH a AS (SELECT * FROM idempotency.idem_acquire('$_', NULL, 'm')), "
 			  . "b AS (INSERT INTO biz SELECT '$_', '$router_name' FROM a WHERE a.outcome = 'acquired') "
 			  . "SELECT '$_', a.outcome, CASE WHEN a.outcome = 'acquired' THEN idempotency.idem_complete('$_', 200, '{\"by\": $c}', 'm', claim => a.claim) END FROM a;\n"
-		} (shuffle(@pool), shuffle(@pool)));
+		} (@pool[ 3 * $c .. $#pool ], @pool[ 0 .. 3 * $c - 1 ], shuffle(@pool)));
 }
 my $grow_sql = 'SELECT count(*) FROM idempotency.cluster_grow(ARRAY['
   . join(', ', map { "'" . shard_connstr($_) . "'" } @shards) . '], consult_previous => \'1h\')';
@@ -153,6 +157,28 @@ is(scalar(grep { on($r4, "SELECT outcome FROM idempotency.idem_acquire('$_', NUL
 	40, 'and serves at once: every key completed before the growth replays, the moved ones too');
 is(on($r4, "SELECT outcome, response_body FROM idempotency.idem_acquire('$k', NULL, 'm')"),
 	'replay|{"once": true}', '(and the key completed after it)');
+
+# ------------------------------------------------------------------
+# Monitoring through a router with exactly the documented grants: README's
+# monitoring block on every shard, proxy/README's on the router
+sub doc_block
+{
+	my ($file, $after) = @_;
+	open my $fh, '<', "$FindBin::RealBin/../$file" or die "$file: $!";
+	local $/;
+	my $text = <$fh>;
+	close $fh;
+	$text =~ /\Q$after\E.*?```sql\n(.*?)```/s or die "no block after '$after' in $file";
+	return $1 =~ s/^\\c .*\n//mgr;
+}
+on($_, doc_block('README.md', 'A monitoring role reads the statistics')) for @shards;
+on($r1, doc_block('proxy/README.md', '**Monitoring through the router.**'));
+is( on($r1, q{SET ROLE monitor;
+SELECT count(*) > 0 FROM idempotency.stats;
+SELECT count(*) > 0 FROM idempotency.acquire_duration;
+SELECT count(*) >= 0 FROM idempotency.stale_claims;}),
+	"t\nt\nt",
+	'a monitoring role with the documented grants reads stats, acquire_duration and stale_claims through the router');
 
 # ------------------------------------------------------------------
 # The shards' own refusals
