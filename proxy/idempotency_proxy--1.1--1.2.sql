@@ -10,7 +10,8 @@
 -- (version, partitions, which it owns) and refuses a claim of a key it
 -- does not own, or from a router whose layout is not its own, with
 -- SQLSTATE 55R01.  A routed call that gets 55R01 reloads the router's
--- layout from the shard (cluster_reload()) and runs once more.  A growth
+-- layout from the shard (cluster_reload()) and runs once more (and, while
+-- a growth is being switched, a few times more, for up to 0.3 s).  A growth
 -- writes the new layout to every shard in two steps (installed, then in
 -- force) and never locks the router's placement against calls: calls in
 -- flight on the old layout are refused by the shards and retried.  The
@@ -305,7 +306,7 @@ BEGIN
     END IF;
     ttl := COALESCE(ttl, idempotency.router_default('default_ttl', '24h'));
     lease := COALESCE(lease, LEAST(idempotency.router_default('default_lease', '60s'), ttl));
-    FOR i IN 1 .. 2 LOOP
+    FOR i IN 1 .. 7 LOOP
         BEGIN
             SELECT * INTO r FROM idempotency.route_acquire(h, key, request, scope, ttl, lease);
             RETURN QUERY SELECT r.outcome, r.response_status, r.response_body,
@@ -319,10 +320,16 @@ BEGIN
                           DETAIL = msg,
                           HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
             END IF;
-            IF st <> '55R01' OR i = 2 THEN
+            IF st <> '55R01' OR i = 7 THEN
                 RAISE;
             END IF;
         END;
+        -- reload and run again at once; refused again, a growth is being
+        -- switched (its layout installed on some shards, not yet in force
+        -- on all): wait for it, 10 to 160 ms a time, 0.3 s in all
+        IF i > 1 THEN
+            PERFORM pg_sleep(0.005 * (2 ^ (i - 1)));
+        END IF;
         PERFORM idempotency.cluster_reload(h);
     END LOOP;
 END
@@ -342,7 +349,7 @@ DECLARE
     msg     text;
 BEGIN
     ttl := COALESCE(ttl, idempotency.router_default('default_ttl', '24h'));
-    FOR i IN 1 .. 2 LOOP
+    FOR i IN 1 .. 7 LOOP
         BEGIN
             t := idempotency.px_owned_token_issue(h, (idempotency.placement()).layout_version, scope, ttl)
                  || idempotency.token_tag(h);
@@ -355,10 +362,16 @@ BEGIN
                           DETAIL = msg,
                           HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
             END IF;
-            IF st <> '55R01' OR i = 2 THEN
+            IF st <> '55R01' OR i = 7 THEN
                 RAISE;
             END IF;
         END;
+        -- reload and run again at once; refused again, a growth is being
+        -- switched (its layout installed on some shards, not yet in force
+        -- on all): wait for it, 10 to 160 ms a time, 0.3 s in all
+        IF i > 1 THEN
+            PERFORM pg_sleep(0.005 * (2 ^ (i - 1)));
+        END IF;
         PERFORM idempotency.cluster_reload(h);
     END LOOP;
 END
