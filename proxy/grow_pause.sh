@@ -96,6 +96,15 @@ run() {
 	local bench=$!
 	sleep 2
 	g0=$(date +%s%6N)
+	if [[ -n ${SAMPLE:-} ]]; then
+		(for _ in $(seq 1 40); do
+			for i in 0 1 2 3 4; do
+				psql_at "${PORTS[$i]}" postgres -c "SELECT $i, now(), state, wait_event_type, wait_event, now() - query_start, left(query, 60)
+					FROM pg_stat_activity WHERE state <> 'idle' AND pid <> pg_backend_pid() AND backend_type = 'client backend'" 2>/dev/null
+			done
+			sleep 0.1
+		done >"$BASE/sample_$db") &
+	fi
 	psql_at "$R" "$db" -c "SELECT count(*) FROM idempotency.cluster_grow(ARRAY['$(shard_cs 1 "$db")',
 		'$(shard_cs 2 "$db")', '$(shard_cs 3 "$db")', '$(shard_cs 4 "$db")'], consult_previous => '1h')" >/dev/null
 	g1=$(date +%s%6N)
@@ -120,9 +129,10 @@ echo "|---|---|---|---|"
 : >"$BASE/results"
 for ((round = 1; round <= ROUNDS; round++)); do
 	if ((round % 2)); then order="1.1 1.2"; else order="1.2 1.1"; fi
-	for v in $order; do
+	for v in ${CASES:-$order}; do
 		read -r g m < <(run "$v" "r${round}_${v/./_}")
 		echo "| $round | $v | $g | $m |"
+		[[ -n ${SAMPLE:-} ]] && cp "$BASE/sample_r${round}_${v/./_}" "$SAMPLE.$round.$v"
 		echo "$v $g $m" >>"$BASE/results"
 	done
 done

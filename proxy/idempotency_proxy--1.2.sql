@@ -1177,7 +1177,10 @@ $$;
 -- cluster_apply(version, map, previous, switched_at, consult_until): make
 -- this router's placement that layout, unless it has that version or a
 -- newer one already.  True when it changed.  Takes the placement's row
--- lock: concurrent reloads apply a layout once.  Caller: the owner of the
+-- lock where it changes it, without waiting: concurrent reloads apply a
+-- layout once, those that come after it take no lock, and one that finds
+-- the row locked by another session's reload does nothing (the routed
+-- call tries again, up to 0.3 s).  Caller: the owner of the
 -- SQL/MED servers (cluster_reload, cluster_create, cluster_grow).
 CREATE FUNCTION idempotency.cluster_apply(version bigint, map text[],
     previous text[], switched_at timestamptz, consult_until timestamptz)
@@ -1188,8 +1191,16 @@ AS $$
 DECLARE
     cur bigint;
 BEGIN
-    SELECT s.layout_version INTO cur FROM idempotency.cluster_state s FOR UPDATE;
+    -- most reloads find it done already: no lock then
+    SELECT s.layout_version INTO cur FROM idempotency.cluster_state s;
     IF cur >= cluster_apply.version THEN
+        RETURN false;
+    END IF;
+    -- another session applying one (its transaction may be a long call):
+    -- do not wait for it, the caller tries again
+    SELECT s.layout_version INTO cur FROM idempotency.cluster_state s
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND OR cur >= cluster_apply.version THEN
         RETURN false;
     END IF;
     PERFORM idempotency.set_server('idempotency_cluster', map);
