@@ -97,8 +97,11 @@ sub client_script
 my $grow_sql = 'SELECT count(*) FROM idempotency.cluster_grow(ARRAY['
   . join(', ', map { "'" . shard_connstr($_) . "'" } @shards) . '], consult_previous => \'1h\')';
 {
-	my @h1 = run_clients_async($r1, map { client_script('r1', $_) } 1 .. 4);
-	my @h2 = run_clients_async($r2, map { client_script('r2', $_) } 5 .. 8);
+	# the first router's clients start further into the keys: they claim
+	# new keys after the switch (moved ones on their new shards) that the
+	# second router's clients reach later
+	my @h1 = run_clients_async($r1, map { client_script('r1', $_) } 5 .. 8);
+	my @h2 = run_clients_async($r2, map { client_script('r2', $_) } 1 .. 4);
 	my @hg = run_clients_async($r1, "SELECT pg_sleep(0.5);\n$grow_sql;\n");
 	my @res = finish_clients(@h1, @h2);
 	my ($grow) = finish_clients(@hg);
