@@ -134,6 +134,35 @@ my $grow_sql = 'SELECT count(*) FROM idempotency.cluster_grow(ARRAY['
 is(on($r2, 'SELECT cardinality(connstrs) FROM idempotency.cluster_state'), '4',
 	'the router never told of the growth now routes by 4 partitions (read from the shards)');
 
+# After the switch: 60 new keys claimed by 4 clients of the first router,
+# then by 4 of the second (the moved ones are on their new shards by then)
+{
+	my @after = map { "after$_" } 1 .. 60;
+	my $script = sub {
+		my ($router_name, $c) = @_;
+		return "\\set VERBOSITY sqlstate\n" . join('', map {
+			"WITH a AS (SELECT * FROM idempotency.idem_acquire('$_', NULL, 'm')), "
+			  . "b AS (INSERT INTO biz SELECT '$_', '$router_name' FROM a WHERE a.outcome = 'acquired') "
+			  . "SELECT '$_', a.outcome, CASE WHEN a.outcome = 'acquired' THEN idempotency.idem_complete('$_', 200, '{\"by\": $c}', 'm', claim => a.claim) END FROM a;\n"
+		} shuffle(@after));
+	};
+	my @res = run_clients($r1, 'postgres', map { $script->('r1', $_) } 1 .. 4);
+	push @res, run_clients($r2, 'postgres', map { $script->('r2', $_) } 5 .. 8);
+	my %acq;
+	for my $r (@res)
+	{
+		for (split /\n/, $r->[0])
+		{
+			my ($k, $o) = split /\|/;
+			$acq{$k}++ if ($o // '') eq 'acquired';
+		}
+	}
+	is(scalar(grep { ($acq{$_} // 0) == 1 } @after), 60,
+		'60 keys claimed after the switch through both routers: each acquired once');
+	is(on($r1, "SELECT count(*) FROM biz WHERE key LIKE 'after%'") + on($r2, "SELECT count(*) FROM biz WHERE key LIKE 'after%'"),
+		60, '(60 business rows)');
+}
+
 # ------------------------------------------------------------------
 # A router still on the old layout: a moved key completed on its new shard
 my $k = (moved('m', map { "late$_" } 1 .. 20))[0];
