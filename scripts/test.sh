@@ -137,6 +137,10 @@ run_tap() {
 	# the SQL fixtures the tests share (IdemTest::sql_fixture)
 	mkdir -p "$copy/sql"
 	cp -r "$REPO_ROOT/sql/include" "$copy/sql/"
+	# the monitoring grants t/022_proxy_routers.pl runs as the docs give them
+	mkdir -p "$copy/proxy"
+	cp "$REPO_ROOT/README.md" "$copy/"
+	cp "$REPO_ROOT/proxy/README.md" "$copy/proxy/"
 	chown -R postgres "$copy"
 	v10=$(build_old_library v10 "${IDEM_V10_SRC:-}" || true)
 	[[ -n $v10 ]] || log "no 1.0 library built: t/012_upgrade.pl skips its 1.0-library session"

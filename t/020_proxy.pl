@@ -18,8 +18,9 @@
 #     +-10% of a quarter each, each on the shard its hash names;
 #   - statistics and maintenance sum the shards; 3 servers mapped over 64
 #     partitions count each server once;
-#   - a shard stopped: its keys fail with 08006 naming the server, the
-#     others keep working; back up, nothing is lost.
+#   - a shard stopped: its keys fail with 08006 naming the server (the
+#     first call of a session whose cached connection it ended included),
+#     the others keep working; back up, nothing is lost.
 
 use strict;
 use warnings;
@@ -129,16 +130,24 @@ is(join(',', sort { $a cmp $b } keys %{ { map { $_ => 1 } ($d_err =~ /ERROR:  (\
 	'22004,22023,55000,P0002', '(and did raise the contract errors)');
 note "router stderr:\n$r_err" if $r_errors ne $d_err;
 
-# a router token names its partition; changing that part sends the
-# consume to another shard, which does not have it
+# a router token names its partition and ends with a check of the rest:
+# changing any character of its tail (routing value or check) answers
+# false, whichever shard the changed value names (the issue's overlay at
+# 33 named the same shard and consumed the token), and leaves it
+# consumable
 is( $router->safe_psql('postgres', q{
 SELECT idempotency.idem_token_issue('tamper') AS t \gset
-SELECT length(:'t'), :'t' ~ '^[A-Za-z0-9_-]{38}$';
+SELECT length(:'t'), :'t' ~ '^[A-Za-z0-9_-]{42}$';
 SELECT idempotency.idem_token_consume(substr(:'t', 1, 32) || idempotency.token_tag(idempotency.token_hash(:'t') # 1), 'tamper');
+SELECT string_agg(DISTINCT idempotency.idem_token_consume(
+           overlay(:'t' PLACING CASE WHEN substr(:'t', i, 1) = c THEN 'z' ELSE c END FROM i FOR 1), 'tamper')::text, ',')
+  FROM generate_series(33, 42) i, unnest(ARRAY['B', 'A', 'Q', 'g', 'w', '-']) c;
+SET idempotency.legacy_tokens = off;
+SELECT idempotency.idem_token_consume(substr(:'t', 1, 38), 'tamper');
 SELECT idempotency.idem_token_consume(:'t', 'tamper');
 SELECT idempotency.idem_token_consume(:'t', 'tamper');}),
-	"38|t\nf\nt\nf",
-	'a router token is 38 URL-safe characters; with its routing part changed it answers false, as it is once');
+	"42|t\nf\nfalse\nf\nt\nf",
+	'a router token is 42 URL-safe characters; with any character of its tail changed it answers false, as it is once');
 
 my ($state, $out, $err) = sqlstate_of_psql($router, 'postgres',
 	"SELECT * FROM idempotency.idem_acquire('sb', session_bound => true)");
@@ -368,18 +377,37 @@ is( $router->safe_psql('postgres',
 		q{SELECT string_agg(n::text, '/' ORDER BY s) FROM (
 		    SELECT s, count(*) n FROM unnest(idempotency.partition_map(ARRAY['a', 'b', 'c'])) s GROUP BY s) x}),
 	'22/21/21', '3 servers map over 64 partitions: 22, 21 and 21');
+# (a cluster of its own: databases three on 3 of the shard servers; the
+# shards' databases postgres know the 4-server layout, which a router
+# declared over them would take)
 $router->safe_psql('postgres', 'CREATE DATABASE three');
 $router->safe_psql('three', 'CREATE EXTENSION idempotency_proxy CASCADE');
+for my $s (@shards[ 0 .. 2 ])
+{
+	$s->safe_psql('postgres', 'CREATE DATABASE three');
+	$s->safe_psql('three', 'CREATE EXTENSION idempotency');
+	$s->safe_psql('three', q{
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_available_extension_versions
+                WHERE name = 'idempotency' AND version = '1.2') THEN
+        ALTER EXTENSION idempotency UPDATE TO '1.2';
+    END IF;
+END
+$$;});
+	$s->safe_psql('three', q{SELECT count(*) FROM idempotency.idem_acquire('warm')});
+}
 $router->safe_psql('three',
 	'SELECT count(*) FROM idempotency.cluster_create(ARRAY['
-	  . join(', ', map { "'" . shard_connstr($_) . "'" } @shards[ 0 .. 2 ])
+	  . join(', ', map { "'" . (shard_connstr($_) =~ s/dbname=postgres/dbname=three/r) . "'" } @shards[ 0 .. 2 ])
 	  . '])');
+my $acq3 = 0;
+$acq3 += $_->safe_psql('three', "SELECT acquired FROM idempotency.stats WHERE datname = 'three'") for @shards[ 0 .. 2 ];
 is($router->safe_psql('three', 'SELECT acquired FROM idempotency.stats'),
-	sum_shards("SELECT acquired FROM idempotency.stats WHERE datname = 'postgres'", @shards[0..2]),
-	'with 3 servers over 64 partitions, RUN ON ALL counts each server once');
+	$acq3, 'with 3 servers over 64 partitions, RUN ON ALL counts each server once');
 $router->safe_psql('three',
 	q{SELECT count(*) FROM generate_series(1, 3000) i, idempotency.idem_acquire('three' || i, NULL, 'three')});
-my @c3 = map { $_->safe_psql('postgres', "SELECT count(*) FROM idempotency.records WHERE scope = 'three'") } @shards[0..2];
+my @c3 = map { $_->safe_psql('three', "SELECT count(*) FROM idempotency.records WHERE scope = 'three'") } @shards[0..2];
 is(scalar(grep { $_ >= 900 && $_ <= 1100 } @c3), 3, "3 servers: 3,000 keys spread 1,000 +-10% (@c3)");
 
 # ------------------------------------------------------------------
@@ -391,7 +419,21 @@ $router->safe_psql('postgres', join('',
 my %home = map { $_ => holder('live', $_) } @live;
 my @on2 = grep { $home{$_} eq '2' } @live;
 ok(@on2 > 0 && @on2 < 40, scalar(@on2) . ' of 40 keys live on shard 2');
+# two router sessions that have just called shard 2: their cached
+# connections are ended by its shutdown (57P01 on the next use)
+my @sessions = map { $router->background_psql('postgres', on_error_stop => 0) } 1 .. 2;
+$_->query_safe("SELECT count(*) FROM idempotency.idem_lookup('$on2[0]', 'live')") for @sessions;
 $shards[2]->stop('fast');
+my $first_ok = 0;
+for my $s (@sessions)
+{
+	$s->query("\\set VERBOSITY sqlstate\nSELECT outcome FROM idempotency.idem_acquire('$on2[0]', NULL, 'live')");
+	$first_ok++ if $s->{stderr} =~ /ERROR:  08006/;
+	note "first call after the shard stopped: $s->{stderr}";
+	$s->{stderr} = '';
+	$s->quit;
+}
+is($first_ok, 2, 'shard 2 stopped: the first call of a session whose connection it ended is 08006 too (not 57P01)');
 my ($fail_ok, $work_ok) = (0, 0);
 for my $k (@live)
 {

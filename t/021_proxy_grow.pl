@@ -174,8 +174,12 @@ my $grow_sql = 'SELECT count(*) FROM idempotency.cluster_grow(ARRAY['
 	$errs = 0;
 	for my $r (@res)
 	{
-		$errs++ unless $r->[2] && $r->[1] eq '';
-		diag($r->[1]) if $r->[1] ne '';
+		# a call refused by a shard of the new layout (55R01) is retried by
+		# the router; PL/Proxy then says, on the next call to that shard,
+		# that it drops the connection the error left behind (a NOTICE)
+		(my $e = $r->[1]) =~ s/^[^\n]*NOTICE:  [^\n]*\n?//mg;
+		$errs++ unless $r->[2] && $e eq '';
+		diag($e) if $e ne '';
 		for (split /\n/, $r->[0])
 		{
 			my ($k, $o) = split /\|/;

@@ -19,7 +19,7 @@ use Test::More;
 use IdemTest;
 
 our @EXPORT = qw(proxy_shards proxy_router shard_connstr run_clients
-  skip_without_plproxy);
+  run_clients_async finish_clients skip_without_plproxy);
 
 # skip_without_plproxy(): skip the whole file, with the reason, where this
 # PostgreSQL has no PL/Proxy (Debian: postgresql-N-plproxy).
@@ -34,7 +34,8 @@ sub skip_without_plproxy
 }
 
 # proxy_shards(N, PREFIX): N started shard nodes, idempotency created in
-# database postgres, the library preloaded (statistics), no waiting for a
+# database postgres (updated to 1.2 where the build has it: the shards'
+# ownership checks), the library preloaded (statistics), no waiting for a
 # duplicate in progress (the tests check outcomes, not waits).
 sub proxy_shards
 {
@@ -49,6 +50,16 @@ shared_preload_libraries = 'pg_cron,idempotency'
 idempotency.wait_timeout = 0
 max_connections = 60
 });
+		# 1.2's shard ownership, where this build has it
+		$shards[-1]->safe_psql('postgres', q{
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_available_extension_versions
+                WHERE name = 'idempotency' AND version = '1.2') THEN
+        ALTER EXTENSION idempotency UPDATE TO '1.2';
+    END IF;
+END
+$$;});
 	}
 	return @shards;
 }
@@ -85,29 +96,42 @@ sub proxy_router
 sub run_clients
 {
 	my ($node, $db, @scripts) = @_;
-	my (@h, @out, @err, @files);
-	for my $i (0 .. $#scripts)
+	return finish_clients(run_clients_async($node, @scripts)) if $db eq 'postgres';
+	die "run_clients: database $db";
+}
+
+# run_clients_async(NODE, SCRIPTS...): start one psql per SQL script text
+# on database postgres of NODE; returns handles for finish_clients().
+sub run_clients_async
+{
+	my ($node, @scripts) = @_;
+	my @h;
+	for my $script (@scripts)
 	{
-		my $f = File::Temp->new(SUFFIX => '.sql');
-		print $f $scripts[$i];
-		close $f;
-		push @files, $f;
-		$out[$i] = '';
-		$err[$i] = '';
-		push @h,
-		  IPC::Run::start(
+		my $c = { out => '', err => '', file => File::Temp->new(SUFFIX => '.sql') };
+		print { $c->{file} } $script;
+		close $c->{file};
+		$c->{run} = IPC::Run::start(
 			[
 				'psql', '-XAtq', '-h', $node->host, '-p', $node->port,
-				'-d', $db, '-f', $f->filename
+				'-d', 'postgres', '-f', $c->{file}->filename
 			],
-			'>', \$out[$i], '2>', \$err[$i],
+			'>', \$c->{out}, '2>', \$c->{err},
 			IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+		push @h, $c;
 	}
+	return @h;
+}
+
+# finish_clients(HANDLES...): wait for them; a list of [stdout, stderr, ok]
+# in the same order.
+sub finish_clients
+{
 	my @res;
-	for my $i (0 .. $#h)
+	for my $c (@_)
 	{
-		my $ok = eval { $h[$i]->finish };
-		push @res, [ $out[$i], $err[$i], $ok ? 1 : 0 ];
+		my $ok = eval { $c->{run}->finish };
+		push @res, [ $c->{out}, $c->{err}, $ok ? 1 : 0 ];
 	}
 	return @res;
 }

@@ -1,0 +1,819 @@
+/* proxy/idempotency_proxy--1.1--1.2.sql */
+
+-- complain if script is sourced in psql, rather than via ALTER EXTENSION
+\echo Use "ALTER EXTENSION idempotency_proxy UPDATE TO '1.2'" to load this file. \quit
+
+--
+-- idempotency_proxy 1.2: more than one router (issue 28).
+--
+-- The shards (idempotency 1.2) now check ownership: each knows the layout
+-- (version, partitions, which it owns) and refuses a claim of a key it
+-- does not own, or from a router whose layout is not its own, with
+-- SQLSTATE 55R01.  A routed call that gets 55R01 reloads the router's
+-- layout from the shard (cluster_reload()) and runs once more (and, while
+-- a growth is being switched, a few times more, for up to 0.3 s).  A growth
+-- writes the new layout to every shard in two steps (installed, then in
+-- force) and never locks the router's placement against calls: calls in
+-- flight on the old layout are refused by the shards and retried.  The
+-- argument why no router, however stale, makes a key run on two shards is
+-- in proxy/README.md, "Why a key never runs on two shards".
+--
+-- Also: a router token carries 4 more characters, a check of the other
+-- 38, so a token with a changed tail answers false; a shard connection
+-- ended by the shard (57P01, 57P02, 57P03, class 08) is reported as 08006,
+-- as one that cannot be reached.
+--
+-- The shards must be at idempotency 1.2 before the router is updated;
+-- afterwards, run cluster_create() once with the same servers to write
+-- the layout (version 1) to them.  Until then calls carry no layout and
+-- the shards check nothing, as in 1.1.
+--
+
+ALTER TABLE idempotency.cluster_state ADD COLUMN layout_version bigint;
+
+COMMENT ON COLUMN idempotency.cluster_state.layout_version IS
+    'the layout version the shards know this placement by (NULL: not yet written to them)';
+
+--
+-- PL/Proxy functions of 1.2: the shards' checked calls, and the layout.
+--
+CREATE FUNCTION idempotency.px_owned_acquire(previous boolean, hash int,
+    layout bigint, key text, request jsonb, scope text, ttl interval,
+    lease interval)
+RETURNS TABLE (outcome text, response_status int, response_body jsonb,
+               attempt int, expires_at timestamptz, claim uuid,
+               retry_after int)
+LANGUAGE plproxy
+AS $$
+    CLUSTER idempotency.cluster_name(previous);
+    RUN ON hash;
+    SELECT * FROM idempotency.shard_acquire(layout, key, request, scope, ttl, lease);
+$$;
+
+CREATE FUNCTION idempotency.px_owned_lookup(previous boolean, hash int,
+    layout bigint, key text, scope text)
+RETURNS TABLE (status text, request_hash bytea, response_status int,
+               response_body jsonb, attempt int, created_at timestamptz,
+               locked_until timestamptz, completed_at timestamptz,
+               expires_at timestamptz, owner_pid int)
+LANGUAGE plproxy
+AS $$
+    CLUSTER idempotency.cluster_name(previous);
+    RUN ON hash;
+    SELECT * FROM idempotency.shard_lookup(layout, key, scope);
+$$;
+
+CREATE FUNCTION idempotency.px_owned_token_issue(hash int, layout bigint,
+    scope text, ttl interval)
+RETURNS text
+LANGUAGE plproxy
+AS $$
+    CLUSTER 'idempotency_cluster';
+    RUN ON hash;
+    SELECT idempotency.shard_token_issue(layout, hash, scope, ttl) AS px_owned_token_issue;
+$$;
+
+-- The layout of the shard of partition hash (current placement).
+CREATE FUNCTION idempotency.px_layout_get(hash int,
+    OUT version bigint, OUT active boolean, OUT map text[],
+    OUT previous_map text[], OUT switched_at timestamptz,
+    OUT consult_until timestamptz)
+RETURNS SETOF record
+LANGUAGE plproxy
+AS $$
+    CLUSTER 'idempotency_cluster';
+    RUN ON hash;
+    SELECT * FROM idempotency.shard_layout_get();
+$$;
+
+-- The same, and writing it, on one server by its connection string
+-- (PL/Proxy's CONNECT: a growth reaches servers no cluster names yet).
+CREATE FUNCTION idempotency.px_layout_get_at(connstr text,
+    OUT version bigint, OUT active boolean, OUT map text[],
+    OUT previous_map text[], OUT switched_at timestamptz,
+    OUT consult_until timestamptz)
+RETURNS SETOF record
+LANGUAGE plproxy
+AS $$
+    CONNECT connstr;
+    SELECT * FROM idempotency.shard_layout_get();
+$$;
+
+CREATE FUNCTION idempotency.px_layout_install_at(connstr text, version bigint,
+    active boolean, map text[], owned int[], previous_map text[],
+    previous_owned int[], switched_at timestamptz, consult_until timestamptz)
+RETURNS bigint
+LANGUAGE plproxy
+AS $$
+    CONNECT connstr;
+    SELECT idempotency.shard_layout_install(version, active, map, owned, previous_map,
+        previous_owned, switched_at, consult_until) AS px_layout_install_at;
+$$;
+
+CREATE FUNCTION idempotency.px_layout_activate_at(connstr text, version bigint)
+RETURNS boolean
+LANGUAGE plproxy
+AS $$
+    CONNECT connstr;
+    SELECT idempotency.shard_layout_activate(version) AS px_layout_activate_at;
+$$;
+
+CREATE FUNCTION idempotency.px_layout_close_at(connstr text, version bigint)
+RETURNS boolean
+LANGUAGE plproxy
+AS $$
+    CONNECT connstr;
+    SELECT idempotency.shard_layout_close(version) AS px_layout_close_at;
+$$;
+
+-- owned_partitions(map, server): the partitions (0-based) map puts on
+-- server (servers are told apart by their connection strings, spelled as
+-- in the map).
+CREATE FUNCTION idempotency.owned_partitions(map text[], server text)
+RETURNS int[]
+LANGUAGE sql IMMUTABLE
+AS $$
+SELECT COALESCE(pg_catalog.array_agg((g.n OPERATOR(pg_catalog.-) 1)::int ORDER BY g.n), '{}')
+  FROM pg_catalog.generate_subscripts($1, 1) g(n)
+ WHERE ($1)[g.n] OPERATOR(pg_catalog.=) $2
+$$;
+
+-- copy_access(): give idempotency_cluster_previous the user mappings and
+-- USAGE grants of idempotency_cluster (a growth keeps who may call).
+CREATE FUNCTION idempotency.copy_access()
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    um  record;
+BEGIN
+    FOR um IN
+        SELECT m.umuser, m.umoptions
+          FROM pg_user_mapping m JOIN pg_foreign_server s ON s.oid = m.umserver
+         WHERE s.srvname = 'idempotency_cluster' AND m.umuser <> 0
+    LOOP
+        EXECUTE format('DROP USER MAPPING IF EXISTS FOR %I SERVER idempotency_cluster_previous',
+                       um.umuser::regrole);
+        EXECUTE format('CREATE USER MAPPING FOR %I SERVER idempotency_cluster_previous%s',
+                       um.umuser::regrole,
+                       CASE WHEN um.umoptions IS NULL THEN ''
+                            ELSE format(' OPTIONS (%s)',
+                                        (SELECT string_agg(format('%I %L', split_part(x, '=', 1),
+                                                                  substr(x, strpos(x, '=') + 1)), ', ')
+                                           FROM unnest(um.umoptions) x)) END);
+    END LOOP;
+    EXECUTE format('GRANT USAGE ON FOREIGN SERVER idempotency_cluster_previous TO %s',
+                   COALESCE((SELECT string_agg(CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                                                    ELSE quote_ident(a.grantee::regrole::text) END, ', ')
+                               FROM pg_foreign_server s, aclexplode(s.srvacl) a
+                              WHERE s.srvname = 'idempotency_cluster'
+                                AND a.grantee <> s.srvowner), 'CURRENT_USER'));
+END
+$$;
+
+-- cluster_apply(version, map, previous, switched_at, consult_until): make
+-- this router's placement that layout, unless it has that version or a
+-- newer one already.  True when it changed.  Takes the placement's row
+-- lock where it changes it, without waiting: concurrent reloads apply a
+-- layout once, those that come after it take no lock, and one that finds
+-- the row locked by another session's reload does nothing (the routed
+-- call tries again, up to 0.3 s).  Caller: the owner of the
+-- SQL/MED servers (cluster_reload, cluster_create, cluster_grow).
+CREATE FUNCTION idempotency.cluster_apply(version bigint, map text[],
+    previous text[], switched_at timestamptz, consult_until timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    cur bigint;
+BEGIN
+    -- most reloads find it done already: no lock then
+    SELECT s.layout_version INTO cur FROM idempotency.cluster_state s;
+    IF cur >= cluster_apply.version THEN
+        RETURN false;
+    END IF;
+    -- another session applying one (its transaction may be a long call):
+    -- do not wait for it, the caller tries again
+    SELECT s.layout_version INTO cur FROM idempotency.cluster_state s
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND OR cur >= cluster_apply.version THEN
+        RETURN false;
+    END IF;
+    PERFORM idempotency.set_server('idempotency_cluster', map);
+    IF previous IS NOT NULL THEN
+        PERFORM idempotency.set_server('idempotency_cluster_previous', previous);
+        PERFORM idempotency.copy_access();
+    END IF;
+    UPDATE idempotency.cluster_state s
+       SET connstrs = map, previous = cluster_apply.previous,
+           switched_at = cluster_apply.switched_at,
+           consult_until = cluster_apply.consult_until,
+           layout_version = cluster_apply.version;
+    RETURN true;
+END
+$$;
+
+-- cluster_reload(hash): read the layout from the shard of partition hash
+-- (the shard that refused a call with 55R01) and make it this router's,
+-- if it is newer.  True when the placement changed.  SECURITY DEFINER: any
+-- caller of a routed function may make the router adopt what its shards
+-- say, and nothing else (the layout is never taken from the caller).
+CREATE FUNCTION idempotency.cluster_reload(hash int DEFAULT 0)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    l   record;
+BEGIN
+    SELECT g.* INTO l FROM idempotency.px_layout_get(hash) g;
+    IF l.version IS NULL THEN
+        RETURN false;
+    END IF;
+    RETURN idempotency.cluster_apply(l.version, l.map, l.previous_map,
+                                     l.switched_at, l.consult_until);
+END
+$$;
+
+-- shard_failure(): true when the error just caught (its SQLSTATE and
+-- message) means the shard could not be reached or ended the connection:
+-- PL/Proxy's XX000 for a connection it could not make or lost, or the
+-- shard's own 57P01/57P02/57P03 or class 08 on a cached connection.
+CREATE FUNCTION idempotency.shard_failure(state text, message text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$
+SELECT ($1 OPERATOR(pg_catalog.=) 'XX000'
+        AND $2 OPERATOR(pg_catalog.~) '(PQconnectPoll|PQconnectStart|PQconsumeInput|PQflush|PQsendQuery|connect timeout|query timeout|server closed the connection|terminating connection)')
+    OR $1 OPERATOR(pg_catalog.=) ANY ('{57P01,57P02,57P03}'::text[])
+    OR pg_catalog.left($1, 2) OPERATOR(pg_catalog.=) '08'
+$$;
+
+--
+-- The routed functions of 1.2: claims go through the shards' checks.
+--
+
+-- route_acquire(...): one routing of idem_acquire under the placement now
+-- in force; 55R01 from a shard comes out (idem_acquire reloads, retries).
+-- A moved key (growth window) whose live record is on its previous
+-- server is answered there; when that record vanished between the look
+-- and the claim, the previous server refuses the new claim (55R01) and the
+-- key is claimed on its current server.
+CREATE FUNCTION idempotency.route_acquire(h int, key text, request jsonb,
+    scope text, ttl interval, lease interval)
+RETURNS TABLE (outcome text, response_status int, response_body jsonb,
+               attempt int, expires_at timestamptz, claim uuid,
+               retry_after int)
+LANGUAGE plpgsql VOLATILE ROWS 1
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    st      idempotency.cluster_state := idempotency.placement();
+    r       record;
+BEGIN
+    IF idempotency.moved(st, h)
+       AND EXISTS (SELECT FROM idempotency.px_owned_lookup(true, h, st.layout_version, key, scope)) THEN
+        BEGIN
+            SELECT * INTO r FROM idempotency.px_owned_acquire(true, h, st.layout_version,
+                                                               key, request, scope, ttl, lease);
+            RETURN QUERY SELECT r.outcome, r.response_status, r.response_body,
+                                r.attempt, r.expires_at, r.claim, r.retry_after;
+            RETURN;
+        EXCEPTION WHEN SQLSTATE '55R01' THEN
+            NULL;   -- no longer there: claimed on the current server below
+        END;
+    END IF;
+    RETURN QUERY SELECT * FROM idempotency.px_owned_acquire(false, h, st.layout_version,
+                                                             key, request, scope, ttl, lease);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION idempotency.idem_acquire(
+    key             text,
+    request         jsonb    DEFAULT NULL,
+    scope           text     DEFAULT '',
+    ttl             interval DEFAULT NULL,
+    lease           interval DEFAULT NULL,
+    session_bound   boolean  DEFAULT false)
+RETURNS TABLE (outcome text, response_status int, response_body jsonb,
+               attempt int, expires_at timestamptz, claim uuid,
+               retry_after int)
+LANGUAGE plpgsql VOLATILE ROWS 1
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    h       int := idempotency.key_hash(scope, key);
+    r       record;
+    st      text;
+    msg     text;
+BEGIN
+    IF session_bound THEN
+        RAISE EXCEPTION 'session-bound claims are not available through the idempotency router'
+            USING ERRCODE = 'feature_not_supported',
+                  DETAIL = 'The owner of a session-bound claim would be the router''s connection to the shard, which outlives the client.',
+                  HINT = 'Use a lease (lease =>, and idem_extend as a heartbeat), or call the shard directly.';
+    END IF;
+    ttl := COALESCE(ttl, idempotency.router_default('default_ttl', '24h'));
+    lease := COALESCE(lease, LEAST(idempotency.router_default('default_lease', '60s'), ttl));
+    FOR i IN 1 .. 7 LOOP
+        BEGIN
+            SELECT * INTO r FROM idempotency.route_acquire(h, key, request, scope, ttl, lease);
+            RETURN QUERY SELECT r.outcome, r.response_status, r.response_body,
+                                r.attempt, r.expires_at, r.claim, r.retry_after;
+            RETURN;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+            IF idempotency.shard_failure(st, msg) THEN
+                RAISE EXCEPTION 'idempotency shard unavailable'
+                    USING ERRCODE = 'connection_failure',
+                          DETAIL = msg,
+                          HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+            END IF;
+            IF st <> '55R01' OR i = 7 THEN
+                RAISE;
+            END IF;
+        END;
+        -- reload and run again at once; refused again, a growth is being
+        -- switched (its layout installed on some shards, not yet in force
+        -- on all): wait for it, 10 to 160 ms a time, 0.3 s in all
+        IF i > 1 THEN
+            PERFORM pg_sleep(0.005 * (2 ^ (i - 1)));
+        END IF;
+        PERFORM idempotency.cluster_reload(h);
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION idempotency.idem_token_issue(
+    scope   text     DEFAULT '',
+    ttl     interval DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    h       int := floor(random() * 4294967296 - 2147483648)::int;
+    t       text;
+    st      text;
+    msg     text;
+BEGIN
+    ttl := COALESCE(ttl, idempotency.router_default('default_ttl', '24h'));
+    FOR i IN 1 .. 7 LOOP
+        BEGIN
+            t := idempotency.px_owned_token_issue(h, (idempotency.placement()).layout_version, scope, ttl)
+                 || idempotency.token_tag(h);
+            RETURN t || idempotency.token_check(t);
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+            IF idempotency.shard_failure(st, msg) THEN
+                RAISE EXCEPTION 'idempotency shard unavailable'
+                    USING ERRCODE = 'connection_failure',
+                          DETAIL = msg,
+                          HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+            END IF;
+            IF st <> '55R01' OR i = 7 THEN
+                RAISE;
+            END IF;
+        END;
+        -- reload and run again at once; refused again, a growth is being
+        -- switched (its layout installed on some shards, not yet in force
+        -- on all): wait for it, 10 to 160 ms a time, 0.3 s in all
+        IF i > 1 THEN
+            PERFORM pg_sleep(0.005 * (2 ^ (i - 1)));
+        END IF;
+        PERFORM idempotency.cluster_reload(h);
+    END LOOP;
+END
+$$;
+
+-- token_check(t): the 4 characters that end a 1.2 router token: the first
+-- 24 bits of SHA-256 over its other 38 (the shard's 32 and the routing
+-- value's 6), URL-safe base64.
+CREATE FUNCTION idempotency.token_check(t text)
+RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+SELECT pg_catalog.translate(pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
+           pg_catalog.convert_to($1, 'UTF8')), 1, 3), 'base64'), '+/', '-_')
+$$;
+
+-- router_setting(name, fallback): the router's own setting
+-- idempotency.<name> (a plain custom setting: no library on the router).
+CREATE FUNCTION idempotency.router_setting(name text, fallback text)
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+SELECT COALESCE(NULLIF(pg_catalog.current_setting('idempotency.' OPERATOR(pg_catalog.||) $1, true), ''), $2)
+$$;
+
+-- token_hash(token): the routing value of a router token, NULL for any
+-- other string.  A 1.2 token (42 characters) counts only with its check
+-- right; a 1.1 token (38, issued before the update) as in 1.1.
+CREATE OR REPLACE FUNCTION idempotency.token_hash(token text)
+RETURNS int
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+SELECT CASE WHEN ($1 OPERATOR(pg_catalog.~) '^[A-Za-z0-9_-]{37}[AQgw]$')
+              OR ($1 OPERATOR(pg_catalog.~) '^[A-Za-z0-9_-]{37}[AQgw][A-Za-z0-9_-]{4}$'
+                  AND pg_catalog.substr($1, 39) OPERATOR(pg_catalog.=)
+                      idempotency.token_check(pg_catalog.substr($1, 1, 38)))
+            THEN ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.decode(
+                     pg_catalog.translate(pg_catalog.substr($1, 33, 6), '-_', '+/') OPERATOR(pg_catalog.||) '==',
+                     'base64'), 'hex'))::pg_catalog.bit(32)::pg_catalog.int4
+       END
+$$;
+
+-- The routed functions that were 1.1's: a shard that ended the connection
+-- (57P01 after it was stopped, ...) is reported as 08006 too.
+CREATE OR REPLACE FUNCTION idempotency.idem_complete(
+    key             text,
+    response_status int,
+    response_body   jsonb DEFAULT NULL,
+    scope           text  DEFAULT '',
+    attempt         int   DEFAULT NULL,
+    claim           uuid  DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    h   int := idempotency.key_hash(scope, key);
+    st  text;
+    msg text;
+BEGIN
+    RETURN idempotency.px_complete(idempotency.record_is_previous(idempotency.placement(), h, key, scope),
+                                   h, key, response_status, response_body, scope, attempt, claim);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+    IF idempotency.shard_failure(st, msg) THEN
+        RAISE EXCEPTION 'idempotency shard unavailable'
+            USING ERRCODE = 'connection_failure',
+                  DETAIL = msg,
+                  HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    RAISE;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION idempotency.idem_release(
+    key         text,
+    scope       text DEFAULT '',
+    attempt     int  DEFAULT NULL,
+    claim       uuid DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    h   int := idempotency.key_hash(scope, key);
+    st  text;
+    msg text;
+BEGIN
+    RETURN idempotency.px_release(idempotency.record_is_previous(idempotency.placement(), h, key, scope),
+                                  h, key, scope, attempt, claim);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+    IF idempotency.shard_failure(st, msg) THEN
+        RAISE EXCEPTION 'idempotency shard unavailable'
+            USING ERRCODE = 'connection_failure',
+                  DETAIL = msg,
+                  HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    RAISE;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION idempotency.idem_extend(
+    key         text,
+    scope       text     DEFAULT '',
+    claim       uuid     DEFAULT NULL,
+    lease       interval DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    h   int := idempotency.key_hash(scope, key);
+    st  text;
+    msg text;
+BEGIN
+    lease := COALESCE(lease, idempotency.router_default('default_lease', '60s'));
+    RETURN idempotency.px_extend(idempotency.record_is_previous(idempotency.placement(), h, key, scope),
+                                 h, key, scope, claim, lease);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+    IF idempotency.shard_failure(st, msg) THEN
+        RAISE EXCEPTION 'idempotency shard unavailable'
+            USING ERRCODE = 'connection_failure',
+                  DETAIL = msg,
+                  HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    RAISE;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION idempotency.idem_lookup(
+    key         text,
+    scope       text DEFAULT '')
+RETURNS TABLE (status text, request_hash bytea, response_status int,
+               response_body jsonb, attempt int, created_at timestamptz,
+               locked_until timestamptz, completed_at timestamptz,
+               expires_at timestamptz, owner_pid int)
+LANGUAGE plpgsql VOLATILE ROWS 1
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    st  idempotency.cluster_state := idempotency.placement();
+    h   int := idempotency.key_hash(scope, key);
+    s   text;
+    msg text;
+BEGIN
+    RETURN QUERY SELECT * FROM idempotency.px_lookup(false, h, key, scope);
+    IF NOT FOUND AND idempotency.moved(st, h) THEN
+        RETURN QUERY SELECT * FROM idempotency.px_lookup(true, h, key, scope);
+    END IF;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS s = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+    IF idempotency.shard_failure(s, msg) THEN
+        RAISE EXCEPTION 'idempotency shard unavailable'
+            USING ERRCODE = 'connection_failure',
+                  DETAIL = msg,
+                  HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    RAISE;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION idempotency.idem_token_consume(
+    token   text,
+    scope   text DEFAULT '')
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    st      idempotency.cluster_state := idempotency.placement();
+    h       int := idempotency.token_hash(token);
+    shard_token   text := substr(token, 1, 32);
+    ok      boolean;
+    s       text;
+    msg     text;
+BEGIN
+    -- a 1.1 token (38 characters, no check), once they are no longer taken
+    IF length(token) = 38
+       AND idempotency.router_setting('legacy_tokens', 'on') = 'off' THEN
+        h := NULL;
+    END IF;
+    IF h IS NULL THEN
+        -- not a router token: the shard answers (22004, 22023 or false)
+        h := idempotency.key_hash(scope, token);
+        shard_token := token;
+    END IF;
+    ok := idempotency.px_token_consume(false, h, shard_token, scope);
+    IF NOT ok AND idempotency.moved(st, h) THEN
+        ok := idempotency.px_token_consume(true, h, shard_token, scope);
+    END IF;
+    RETURN ok;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS s = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+    IF idempotency.shard_failure(s, msg) THEN
+        RAISE EXCEPTION 'idempotency shard unavailable'
+            USING ERRCODE = 'connection_failure',
+                  DETAIL = msg,
+                  HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    RAISE;
+END
+$$;
+
+-- key_cluster(scope, key, margin): as in 1.1, but the look at the previous
+-- server is the shards' checked one (answered only once that server
+-- refuses new claims of the key).
+CREATE OR REPLACE FUNCTION idempotency.key_cluster(scope text, key text,
+    margin interval DEFAULT '1 minute')
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    st  idempotency.cluster_state := idempotency.placement();
+    h   int := idempotency.key_hash(scope, key);
+BEGIN
+    IF idempotency.moved(st, h)
+       AND EXISTS (SELECT FROM idempotency.px_owned_lookup(true, h, st.layout_version, key, scope) l
+                    WHERE l.expires_at > clock_timestamp() + margin) THEN
+        RETURN 'idempotency_cluster_previous';
+    END IF;
+    RETURN 'idempotency_cluster';
+END
+$$;
+
+--
+-- Declaring and growing, with the layout written to the shards.
+--
+
+-- cluster_layouts(servers): the layout each of these servers knows (a
+-- row per server; version NULL where it has none).
+CREATE FUNCTION idempotency.cluster_layouts(servers text[])
+RETURNS TABLE (connstr text, version bigint, active boolean, map text[],
+               previous_map text[], switched_at timestamptz,
+               consult_until timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c   text;
+    l   record;
+BEGIN
+    FOR c IN SELECT DISTINCT x FROM unnest(servers) x LOOP
+        SELECT g.* INTO l FROM idempotency.px_layout_get_at(c) g;
+        RETURN QUERY SELECT c, l.version, l.active, l.map, l.previous_map, l.switched_at, l.consult_until;
+    END LOOP;
+END
+$$;
+
+-- cluster_create(servers, partitions): declare the shards.  Where none of
+-- them knows a layout, write layout 1 (partition i on servers[i mod n]) to
+-- each; where they do (a router rebuilt from nothing, a second router),
+-- take the newest they know, whatever servers and partitions say (they
+-- only say where to read it).  Returns the partitions.
+CREATE OR REPLACE FUNCTION idempotency.cluster_create(servers text[], partitions int DEFAULT NULL)
+RETURNS TABLE (partition int, connstr text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    map     text[] := idempotency.partition_map(servers, partitions);
+    st      idempotency.cluster_state;
+    best    record;
+    v       bigint;
+    c       text;
+BEGIN
+    -- one declaration or growth at a time on this router
+    PERFORM pg_advisory_xact_lock(pg_catalog.hashtext('idempotency_proxy.cluster'));
+    SELECT s.* INTO st FROM idempotency.cluster_state s;
+    SELECT l.* INTO best FROM idempotency.cluster_layouts(servers) l
+     WHERE l.version IS NOT NULL
+     ORDER BY l.version DESC LIMIT 1;
+    IF best.version IS NOT NULL THEN
+        -- set up the servers as they are, even at the same version
+        UPDATE idempotency.cluster_state SET layout_version = NULL;
+        PERFORM idempotency.cluster_apply(best.version, best.map, best.previous_map,
+                                          best.switched_at, best.consult_until);
+        map := best.map;
+    ELSE
+        IF st.connstrs IS NOT NULL AND cardinality(st.connstrs) <> cardinality(map) THEN
+            RAISE EXCEPTION 'the cluster has % partitions, not %', cardinality(st.connstrs), cardinality(map)
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Change the number of servers with idempotency.cluster_grow(), which keeps every live key.';
+        END IF;
+        v := COALESCE(st.layout_version, 0) + 1;
+        FOR c IN SELECT DISTINCT x FROM unnest(map) x LOOP
+            PERFORM idempotency.px_layout_install_at(c, v, true, map,
+                idempotency.owned_partitions(map, c), NULL, NULL, NULL, NULL);
+        END LOOP;
+        PERFORM idempotency.cluster_apply(v, map, NULL, NULL, NULL);
+    END IF;
+    RETURN QUERY SELECT (g.n - 1)::int, map[g.n] FROM generate_subscripts(map, 1) g(n);
+END
+$$;
+
+-- cluster_grow(servers, partitions, consult_previous): switch to a new
+-- placement.  Writes layout version + 1 to every server of the old and
+-- the new placement, not in force (the keys that change owner are then
+-- refused everywhere: their old owners only answer their records, the
+-- new ones nothing), then puts it in force on each (the new owners take
+-- claims), then makes it this router's.  No lock of the router's
+-- placement: calls go on, and those that meet a shard of the new layout
+-- reload and retry.  Each shard's step waits for the claims in flight
+-- there (in steps of 20 ms).  Run again with the same servers if it
+-- failed half way.  Returns the partitions and where each was before.
+CREATE OR REPLACE FUNCTION idempotency.cluster_grow(servers text[], partitions int DEFAULT NULL,
+    consult_previous interval DEFAULT NULL)
+RETURNS TABLE (partition int, connstr text, previous_connstr text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    map         text[] := idempotency.partition_map(servers, partitions);
+    st          idempotency.cluster_state;
+    best        record;
+    v           bigint;
+    c           text;
+    switched    timestamptz;
+    until       timestamptz;
+BEGIN
+    PERFORM pg_advisory_xact_lock(pg_catalog.hashtext('idempotency_proxy.cluster'));
+    SELECT s.* INTO st FROM idempotency.cluster_state s;
+    IF st.connstrs IS NULL THEN
+        RAISE EXCEPTION 'no shards are configured for idempotency_proxy'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Use idempotency.cluster_create() first.';
+    END IF;
+    -- this router may be behind another: take the newest layout first
+    SELECT l.* INTO best FROM idempotency.cluster_layouts(st.connstrs || map) l
+     WHERE l.version IS NOT NULL
+     ORDER BY l.version DESC LIMIT 1;
+    IF best.version > COALESCE(st.layout_version, 0) THEN
+        PERFORM idempotency.cluster_apply(best.version, best.map, best.previous_map,
+                                          best.switched_at, best.consult_until);
+        SELECT s.* INTO st FROM idempotency.cluster_state s;
+    END IF;
+    -- a growth that stopped half way (installed, not in force everywhere):
+    -- finish it
+    IF EXISTS (SELECT FROM idempotency.cluster_layouts(st.connstrs || COALESCE(st.previous, '{}')) l
+                WHERE l.version = st.layout_version AND NOT l.active) THEN
+        FOR c IN SELECT DISTINCT x FROM unnest(st.connstrs || COALESCE(st.previous, '{}')) x LOOP
+            PERFORM idempotency.px_layout_activate_at(c, st.layout_version);
+        END LOOP;
+        RETURN QUERY SELECT (g.n - 1)::int, st.connstrs[g.n],
+                            st.previous[((g.n - 1) & (cardinality(st.previous) - 1)) + 1]
+                       FROM generate_subscripts(st.connstrs, 1) g(n);
+        RETURN;
+    END IF;
+    IF st.previous IS NOT NULL AND st.consult_until > clock_timestamp() THEN
+        RAISE EXCEPTION 'a growth is under way until %', st.consult_until
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Wait, or end it with idempotency.cluster_growth_finish() once no record needs the previous placement.';
+    END IF;
+    IF cardinality(map) < cardinality(st.connstrs) THEN
+        RAISE EXCEPTION 'a cluster of % partitions cannot shrink to %', cardinality(st.connstrs), cardinality(map)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF consult_previous IS NULL THEN
+        SELECT max(t) INTO consult_previous FROM idempotency.px_max_ttl() t;
+    END IF;
+    v := GREATEST(COALESCE(best.version, 0), COALESCE(st.layout_version, 0)) + 1;
+    switched := clock_timestamp();
+    until := switched + consult_previous;
+
+    FOR c IN SELECT DISTINCT x FROM unnest(st.connstrs || map) x LOOP
+        PERFORM idempotency.px_layout_install_at(c, v, false, map,
+            idempotency.owned_partitions(map, c), st.connstrs,
+            idempotency.owned_partitions(st.connstrs, c), switched, until);
+    END LOOP;
+    FOR c IN SELECT DISTINCT x FROM unnest(st.connstrs || map) x LOOP
+        PERFORM idempotency.px_layout_activate_at(c, v);
+    END LOOP;
+    PERFORM idempotency.cluster_apply(v, map, st.connstrs, switched, until);
+    RETURN QUERY SELECT (g.n - 1)::int, map[g.n],
+                        st.connstrs[((g.n - 1) & (cardinality(st.connstrs) - 1)) + 1]
+                   FROM generate_subscripts(map, 1) g(n);
+END
+$$;
+
+-- cluster_growth_finish(force): as in 1.1, and the shards forget the
+-- previous placement too.
+CREATE OR REPLACE FUNCTION idempotency.cluster_growth_finish(force boolean DEFAULT false)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    p   record;
+    st  idempotency.cluster_state;
+    c   text;
+BEGIN
+    PERFORM pg_advisory_xact_lock(pg_catalog.hashtext('idempotency_proxy.cluster'));
+    SELECT s.* INTO st FROM idempotency.cluster_state s FOR UPDATE;
+    IF st.previous IS NULL THEN
+        RETURN false;
+    END IF;
+    SELECT * INTO p FROM idempotency.cluster_growth_pending();
+    IF p.pending > 0 AND NOT force THEN
+        RAISE EXCEPTION 'the previous placement still holds % live records of keys that moved', p.pending
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = format('The last of them expires at %s.', p.until),
+                  HINT = 'Wait until then; force => true loses their replays.';
+    END IF;
+    IF st.layout_version IS NOT NULL THEN
+        FOR c IN SELECT DISTINCT x FROM unnest(st.connstrs || st.previous) x LOOP
+            PERFORM idempotency.px_layout_close_at(c, st.layout_version);
+        END LOOP;
+    END IF;
+    UPDATE idempotency.cluster_state
+       SET previous = NULL, switched_at = NULL, consult_until = NULL;
+    RETURN true;
+END
+$$;
+
+-- Nothing new is granted to PUBLIC.
+REVOKE ALL ON FUNCTION idempotency.px_owned_acquire(boolean, int, bigint, text, jsonb, text, interval, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.px_owned_lookup(boolean, int, bigint, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.px_owned_token_issue(int, bigint, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.px_layout_get(int) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.px_layout_get_at(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.px_layout_install_at(text, bigint, boolean, text[], int[], text[], int[], timestamptz, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.px_layout_activate_at(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.px_layout_close_at(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.owned_partitions(text[], text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.copy_access() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.cluster_apply(bigint, text[], text[], timestamptz, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.cluster_reload(int) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.shard_failure(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.route_acquire(int, text, jsonb, text, interval, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.token_check(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.router_setting(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.cluster_layouts(text[]) FROM PUBLIC;
