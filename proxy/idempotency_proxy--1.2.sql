@@ -1819,3 +1819,83 @@ REVOKE ALL ON FUNCTION idempotency.route_acquire(int, text, jsonb, text, interva
 REVOKE ALL ON FUNCTION idempotency.token_check(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.router_setting(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.cluster_layouts(text[]) FROM PUBLIC;
+
+--
+-- Shards at idempotency 1.2 return more columns from idem_acquire,
+-- idem_lookup, idem_stats and stale_claims (new ones at the end).  The
+-- routed functions below name the columns they return, so that a router
+-- works over shards at 1.1 and at 1.2 alike (PL/Proxy refuses a row with
+-- more fields than the function declares).
+--
+CREATE OR REPLACE FUNCTION idempotency.px_acquire(previous boolean, hash int,
+    key text, request jsonb, scope text, ttl interval, lease interval,
+    session_bound boolean)
+RETURNS TABLE (outcome text, response_status int, response_body jsonb,
+               attempt int, expires_at timestamptz, claim uuid,
+               retry_after int)
+LANGUAGE plproxy
+AS $$
+    CLUSTER idempotency.cluster_name(previous);
+    RUN ON hash;
+    SELECT a.outcome, a.response_status, a.response_body, a.attempt,
+           a.expires_at, a.claim, a.retry_after
+      FROM idempotency.idem_acquire(key, request, scope, ttl, lease, session_bound) a;
+$$;
+
+CREATE OR REPLACE FUNCTION idempotency.px_lookup(previous boolean, hash int,
+    key text, scope text)
+RETURNS TABLE (status text, request_hash bytea, response_status int,
+               response_body jsonb, attempt int, created_at timestamptz,
+               locked_until timestamptz, completed_at timestamptz,
+               expires_at timestamptz, owner_pid int)
+LANGUAGE plproxy
+AS $$
+    CLUSTER idempotency.cluster_name(previous);
+    RUN ON hash;
+    SELECT l.status, l.request_hash, l.response_status, l.response_body,
+           l.attempt, l.created_at, l.locked_until, l.completed_at,
+           l.expires_at, l.owner_pid
+      FROM idempotency.idem_lookup(key, scope) l;
+$$;
+
+CREATE OR REPLACE FUNCTION idempotency.px_stats(
+    OUT datname                 name,
+    OUT acquired                bigint,
+    OUT taken_over              bigint,
+    OUT replayed                bigint,
+    OUT mismatched              bigint,
+    OUT in_progress             bigint,
+    OUT completed               bigint,
+    OUT released                bigint,
+    OUT waits                   bigint,
+    OUT wait_time               double precision,
+    OUT tokens_issued           bigint,
+    OUT tokens_consumed         bigint,
+    OUT acquire_duration_sum    double precision,
+    OUT acquire_duration_count  bigint,
+    OUT stats_reset             timestamptz)
+RETURNS SETOF record
+LANGUAGE plproxy
+AS $$
+    CLUSTER 'idempotency_cluster';
+    RUN ON ALL;
+    SELECT s.datname, s.acquired, s.taken_over, s.replayed, s.mismatched,
+           s.in_progress, s.completed, s.released, s.waits, s.wait_time,
+           s.tokens_issued, s.tokens_consumed, s.acquire_duration_sum,
+           s.acquire_duration_count, s.stats_reset
+      FROM idempotency.idem_stats() s
+     WHERE s.datname OPERATOR(pg_catalog.=) pg_catalog.current_database();
+$$;
+
+CREATE OR REPLACE FUNCTION idempotency.px_stale_claims()
+RETURNS TABLE (scope text, key text, attempt int, created_at timestamptz,
+               locked_until timestamptz, expires_at timestamptz,
+               owner_pid int, reason text)
+LANGUAGE plproxy
+AS $$
+    CLUSTER 'idempotency_cluster';
+    RUN ON ALL;
+    SELECT c.scope, c.key, c.attempt, c.created_at, c.locked_until,
+           c.expires_at, c.owner_pid, c.reason
+      FROM idempotency.stale_claims c;
+$$;
