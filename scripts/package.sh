@@ -21,7 +21,10 @@ for p in "${need[@]}"; do
 done
 if ((${#missing[@]} > 0)); then
 	log "installing ${missing[*]}"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+	# (apt's lists may be older than the mirror's files: then update first)
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+		{ apt-get update -q &&
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; }
 fi
 
 out=${IDEM_PACKAGE_OUT:-$(mktemp -d "${TMPDIR:-/tmp}/idempotency-packages.XXXXXX")}
