@@ -15,8 +15,10 @@
 # is among them), apt-get purge removes them, and every file dpkg -L listed
 # must be gone.
 #
-# Counts one test each for the install, CREATE EXTENSION idempotency_proxy,
-# the purge and "nothing left", and one per regression and isolation test
+# Counts one test each for the install, the files shipped (the library and
+# every script of the Makefiles' DATA, with the control files), CREATE
+# EXTENSION idempotency_proxy, the purge and "nothing left", and one per
+# regression and isolation test
 # (PostgreSQL's own summaries; a suite that printed none counts as one
 # failed test).  Its closing line, which scripts/test.sh adds up:
 #   packages (install, suites, purge): N of M tests passed.
@@ -87,6 +89,29 @@ in_root sh -c 'apt-get install -y -q --no-install-recommends ./pkg/*.deb' </dev/
 ok "apt-get install" "$rc"
 # shellcheck disable=SC2086
 in_root dpkg -L $pkgs | sort -u >"$tmp/files" || true
+
+# Every SQL script the Makefiles install (DATA) and each control file must
+# be in the packages, for each major they were built for.
+# make_data MAKEFILE: the words of its DATA line (continuation lines joined)
+make_data() {
+	sed -e ':a' -e '/\\$/N; s/\\\n//; ta' "$1" | sed -nE 's/^DATA[[:space:]]*=[[:space:]]*//p'
+}
+shipped=0
+# shellcheck disable=SC2013,SC2207  # words, on purpose
+for major in $(sed -nE 's:^/usr/lib/postgresql/([0-9]+)/lib/idempotency\.so$:\1:p' "$tmp/files"); do
+	want=("idempotency.control" $(make_data "$REPO_ROOT/Makefile"))
+	if ((has_proxy)); then
+		want+=("idempotency_proxy.control" $(make_data "$REPO_ROOT/proxy/Makefile"))
+	fi
+	for f in "${want[@]}"; do
+		if ! grep -qxF "/usr/share/postgresql/$major/extension/$f" "$tmp/files"; then
+			echo "not in the packages: /usr/share/postgresql/$major/extension/$f"
+			shipped=1
+		fi
+	done
+done
+grep -q '/lib/idempotency\.so$' "$tmp/files" || shipped=1
+ok "the packages ship the library, every SQL script and control file" "$shipped"
 
 out=$tmp/installcheck.out
 rc=0
