@@ -116,6 +116,7 @@ pkg_build_root() {
 	echo "apt-get install $(pkg_packages "$major")"
 	# shellcheck disable=SC2046
 	if ! mx_in_root "$dir" apt-get update -q ||
+		! mx_in_root "$dir" apt-get dist-upgrade -y -q -o Dpkg::Options::=--force-confold ||
 		! mx_in_root "$dir" apt-get install -y -q --no-install-recommends \
 			-o Dpkg::Options::=--force-confold $(pkg_packages "$major") ||
 		! mx_in_root "$dir" apt-get clean; then
