@@ -21,8 +21,9 @@
 # starts, no cluster is made), holding only postgresql-MAJOR,
 # postgresql-MAJOR-cron, postgresql-MAJOR-plproxy and make.  They are kept
 # in $IDEM_MATRIX_CACHE/pkgMAJOR (default /var/cache/idempotency-matrix)
-# and rebuilt when missing, older than a day or of another recipe, in a new
-# folder swapped in once complete.  The 15 one is Debian 12 with -updates
+# and rebuilt when missing, older than a week, of another recipe or older
+# than the postgresql-MAJOR the packages were built against (they depend on
+# at least that version), in a new folder swapped in once complete.  The 15 one is Debian 12 with -updates
 # and -security, so that its postgresql-15 is the host's; 17 and 18 have
 # the suites of their matrix roots.  A root is only ever used through an
 # overlay (package_test.sh), so it stays clean.
@@ -56,6 +57,9 @@ declare -A PKG_SUITE=(
 	[18]="${MATRIX_SUITE[18]}"
 )
 PKG_MAJORS=(15 17 18)
+# A clean root is refreshed after a week (the matrix roots: a day), or as
+# soon as the packages were built against a newer postgresql-MAJOR.
+PKG_MAX_AGE=${IDEM_PKG_MAX_AGE:-604800}	# seconds
 # The descriptor of the lock on the clean root in use.
 PKG_LOCK_FD=
 
@@ -133,7 +137,7 @@ pkg_build_root() {
 
 # pkg_enter MAJOR [VERSION]: lock MAJOR's clean root ($MATRIX_CACHE/pkgMAJOR),
 # make or refresh it if need be (under an exclusive lock: when missing,
-# older than a day, of another recipe, or with a postgresql-MAJOR older than
+# older than PKG_MAX_AGE, of another recipe, or with a postgresql-MAJOR older than
 # VERSION, the one the packages were built against, since they depend on at
 # least that), then hold it shared
 # (package_test.sh runs through an overlay, so several users may share it).
@@ -157,14 +161,14 @@ pkg_enter() {
 	if [[ -f $root/.idempotency-matrix ]]; then
 		age=$(($(date +%s) - $(stat -c %Y "$root/.idempotency-matrix")))
 		have=$(dpkg-query --admindir="$root/var/lib/dpkg" -W -f='${Version}' "postgresql-$major" 2>/dev/null || true)
-		if ((age < MATRIX_MAX_AGE)) && [[ $(pkg_recipe "$major") == "$(cat "$root/.idempotency-matrix")" ]] &&
+		if ((age < PKG_MAX_AGE)) && [[ $(pkg_recipe "$major") == "$(cat "$root/.idempotency-matrix")" ]] &&
 			{ [[ -z $want ]] || dpkg --compare-versions "$have" ge "$want"; }; then
 			log "PostgreSQL $major: clean root $root (built $((age / 60)) min ago)"
 			echo "$root" >"$MX_TMP/pkgroot"
 			flock -s "$PKG_LOCK_FD"
 			return 0
 		fi
-		log "PostgreSQL $major: clean root $root is older than a day, of another recipe or has postgresql-$major ${have:-none} (< ${want:-any}): rebuilding it (log: $buildlog)"
+		log "PostgreSQL $major: clean root $root is older than a week, of another recipe or has postgresql-$major ${have:-none} (< ${want:-any}): rebuilding it (log: $buildlog)"
 	else
 		log "PostgreSQL $major: building a clean root in $root (log: $buildlog)"
 	fi
