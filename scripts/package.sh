@@ -14,14 +14,17 @@ set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 log() { printf '==> %s\n' "$*"; }
 
-need=(dpkg-dev debhelper fakeroot lintian postgresql-server-dev-all libssl-dev)
+need=(build-essential dpkg-dev debhelper fakeroot lintian postgresql-server-dev-all libssl-dev)
 missing=()
 for p in "${need[@]}"; do
 	[[ $(dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null) == ii* ]] || missing+=("$p")
 done
 if ((${#missing[@]} > 0)); then
 	log "installing ${missing[*]}"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+	# (apt's lists may be older than the mirror's files: then update first)
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+		{ apt-get update -q &&
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; }
 fi
 
 out=${IDEM_PACKAGE_OUT:-$(mktemp -d "${TMPDIR:-/tmp}/idempotency-packages.XXXXXX")}

@@ -12,7 +12,10 @@
 #                         postgresql.conf block of the Markdown files, each
 #                         file on a fresh cluster of its own (docs/testing.md)
 # then the same on PostgreSQL 17 and 18, each in a Debian root of its own
-# (scripts/matrix.sh; IDEM_MATRIX=0 leaves it out).
+# (scripts/matrix.sh; IDEM_MATRIX=0 leaves it out), and last the Debian
+# packages of 15, 17 and 18, each built and tested installed in a clean
+# root (scripts/packages.sh; IDEM_PKG=0 leaves them out, IDEM_MATRIX=0
+# keeps 15's only).
 # Exits non-zero if anything fails, after printing the diffs.
 #
 #   bash scripts/test.sh          (as root on Debian 12)
@@ -273,25 +276,52 @@ cat "$summary"
 stop_cluster "$status"
 
 # The other majors, each in a Debian root of its own (scripts/matrix.sh);
-# not when this run is itself one of them.
-skipped=0
-bymajor="PostgreSQL $IDEM_PG_MAJOR: $passed passed, $failed failed, 0 skipped in ${SECONDS}s"
+# not when this run is itself one of them.  Each line of $results is
+# "MAJOR PASSED FAILED SKIPPED SECONDS NOTE...".
+results=$(mktemp "${TMPDIR:-/tmp}/idempotency-results.XXXXXX")
+echo "$IDEM_PG_MAJOR $passed $failed 0 $SECONDS" >"$results"
 if [[ $IDEM_PG_MAJOR == 15 && ${IDEM_MATRIX:-1} != 0 ]]; then
-	matrix_results=$(mktemp "${TMPDIR:-/tmp}/idempotency-matrix-results.XXXXXX")
 	matrix_failures=$(mktemp "${TMPDIR:-/tmp}/idempotency-matrix-failures.XXXXXX")
-	bash "$REPO_ROOT/scripts/matrix.sh" --results "$matrix_results" --failures "$matrix_failures" || status=1
+	bash "$REPO_ROOT/scripts/matrix.sh" --results "$results" --failures "$matrix_failures" || status=1
 	if [[ -s $matrix_failures ]]; then
 		failures+=$(cat "$matrix_failures")$'\n'
 	fi
 	rm -f "$matrix_failures"
-	while read -r m p f s secs note; do
-		passed=$((passed + p))
-		failed=$((failed + f))
-		skipped=$((skipped + s))
-		bymajor+=$'\n'"PostgreSQL $m: $p passed, $f failed, $s skipped in ${secs}s${note:+ ($note)}"
-	done <"$matrix_results"
-	rm -f "$matrix_results"
 fi
+# The Debian packages of each major, built and installed in clean roots
+# (scripts/packages.sh): 15 here, 17 and 18 too unless IDEM_MATRIX=0;
+# IDEM_PKG=0 leaves them out.  Counted in each major's line.
+if [[ $IDEM_PG_MAJOR == 15 && ${IDEM_PKG:-1} != 0 ]]; then
+	pkg_majors=(15)
+	[[ ${IDEM_MATRIX:-1} == 0 ]] || pkg_majors+=(17 18)
+	pkg_failures=$(mktemp "${TMPDIR:-/tmp}/idempotency-pkg-failures.XXXXXX")
+	bash "$REPO_ROOT/scripts/packages.sh" --results "$results" --failures "$pkg_failures" \
+		"${pkg_majors[@]}" || status=1
+	if [[ -s $pkg_failures ]]; then
+		failures+=$(cat "$pkg_failures")$'\n'
+	fi
+	rm -f "$pkg_failures"
+fi
+# One line per major, its results added up in the order they came.
+bymajor=$(awk '
+	!($1 in p) { order[++n] = $1 }
+	{
+		p[$1] += $2; f[$1] += $3; s[$1] += $4; t[$1] += $5
+		note = ""
+		for (i = 6; i <= NF; i++)
+			note = note (i > 6 ? " " : "") $i
+		if (note != "")
+			notes[$1] = notes[$1] (notes[$1] != "" ? "; " : "") note
+	}
+	END {
+		for (i = 1; i <= n; i++) {
+			m = order[i]
+			printf "PostgreSQL %s: %d passed, %d failed, %d skipped in %ds%s\n", m, p[m], f[m], s[m], t[m],
+				(notes[m] != "" ? " (" notes[m] ")" : "")
+		}
+	}' "$results")
+read -r passed failed skipped < <(awk '{ p += $2; f += $3; s += $4 } END { print p + 0, f + 0, s + 0 }' "$results")
+rm -f "$results"
 if [[ -n $failures ]]; then
 	echo
 	echo "$WHAT_FAILED"
