@@ -14,7 +14,7 @@ set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 log() { printf '==> %s\n' "$*"; }
 
-need=(dpkg-dev debhelper fakeroot lintian postgresql-server-dev-all libssl-dev)
+need=(build-essential dpkg-dev debhelper fakeroot lintian postgresql-server-dev-all libssl-dev)
 missing=()
 for p in "${need[@]}"; do
 	[[ $(dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null) == ii* ]] || missing+=("$p")
