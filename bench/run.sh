@@ -249,6 +249,8 @@ if [[ $PG_MAJOR != 15 && $IN_ROOT != 1 ]]; then
 fi
 if [[ $IN_ROOT == 1 ]]; then
 	WHERE=${IDEM_BENCH_WHERE:-in a Debian root}
+elif [[ -n ${IDEM_PG_PREFIX:-} ]]; then
+	WHERE="a private copy in $IDEM_PG_PREFIX"
 else
 	WHERE="the host's own installation"
 fi

@@ -9,7 +9,8 @@
 # report and stops the cluster.  Each line of the report ends in "ok" or in
 # "UNEXPECTED: ..." (then the script exits 1).
 #
-#   bash scripts/demo.sh          (as root on Debian 12; well under a minute)
+#   bash scripts/demo.sh          (as root on Debian 12; about 3 minutes on a fresh
+#                                 root, most of it apt; a minute once installed)
 set -euo pipefail
 
 # shellcheck source=scripts/common.sh

@@ -53,8 +53,10 @@ for f in "$@"; do
 		-o "-p $PGPORT" >/dev/null || die "the cluster for $f did not restart"
 	out=$IDEM_TMPDIR/docs.out
 	rc=0
-	# PORT: the port an example's HTTP server listens on (docs say 8080)
-	PORT=$(free_port) PGHOST=$sockdir PGUSER=postgres PGDATABASE=postgres PG_BINDIR=$PG_BINDIR REPO_ROOT=$REPO_ROOT \
+	# PORT: the port an example's HTTP server listens on (docs say 8080).
+	# PG_CONFIG: a block's `make install` goes where the cluster's binaries
+	# are (a private copy under scripts/test.sh), never elsewhere.
+	PORT=$(free_port) PG_CONFIG=$PG_CONFIG PGHOST=$sockdir PGUSER=postgres PGDATABASE=postgres PG_BINDIR=$PG_BINDIR REPO_ROOT=$REPO_ROOT \
 		IDEM_PGDATA=$IDEM_PGDATA IDEM_SERVER_LOG=$IDEM_SERVER_LOG IDEM_TMPDIR=$IDEM_TMPDIR \
 		python3 "$runner" "$f" 2>&1 | tee "$out" || rc=$?
 	line=$(tail -n 1 "$out")
