@@ -595,6 +595,7 @@ SELECT pg_catalog.pg_extension_config_dump('idempotency.shard_layout', '');
 CREATE FUNCTION idempotency.shard_key_hash(scope text, key text)
 RETURNS int
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
             pg_catalog.convert_to(COALESCE($1, ''), 'UTF8')
@@ -610,11 +611,12 @@ $$;
 -- record answered: replay, in_progress, mismatch, a takeover, a lookup)
 -- owning it under the previous layout is enough.  Caller: the claim is
 -- already written in this transaction, and is rolled back by the error.
--- SECURITY DEFINER: the layout holds connection strings, which callers do
--- not read.
+-- It runs with the caller's privileges, like every function of the
+-- extension: the role a router connects as needs SELECT on
+-- idempotency.shard_layout (proxy/README.md lists the shards' grants).
 CREATE FUNCTION idempotency.shard_check(layout bigint, hash int, fresh boolean)
 RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -734,7 +736,7 @@ $$;
 -- in force.  Nothing is checked on a shard without a layout.
 CREATE FUNCTION idempotency.shard_owns(scope text, key text)
 RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -838,19 +840,22 @@ WITH u AS (
 SELECT EXISTS (SELECT FROM u)
 $$;
 
--- The routed wrappers do only what the functions they call do, under the
--- caller's own privileges (EXECUTE on idem_acquire, idem_lookup,
--- idem_token_issue): they may be called by anyone.  The layout is the
--- owner's (the router's superuser connects to read and write it).
+-- Nothing is granted to PUBLIC, as everywhere in the extension.  The role
+-- a router connects as gets EXECUTE on the wrappers and on shard_check and
+-- shard_key_hash, and SELECT on shard_layout (proxy/README.md, "Grants on
+-- the shards"); the wrappers run with its own privileges, so it needs
+-- EXECUTE on idem_acquire, idem_lookup and idem_token_issue too.  The
+-- router's superuser reads and writes the layout itself.
 REVOKE ALL ON TABLE idempotency.shard_layout FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_layout_get() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_layout_install(bigint, boolean, text[], int[], text[], int[], timestamptz, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_layout_activate(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_layout_close(bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.shard_check(bigint, int, boolean) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.shard_acquire(bigint, text, jsonb, text, interval, interval) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.shard_lookup(bigint, text, text) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.shard_token_issue(bigint, int, text, interval) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.shard_owns(text, text) TO PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.shard_key_hash(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.shard_check(bigint, int, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.shard_acquire(bigint, text, jsonb, text, interval, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.shard_lookup(bigint, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.shard_token_issue(bigint, int, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.shard_owns(text, text) FROM PUBLIC;
 
 -- End of shard ownership (issue 28)

@@ -130,7 +130,7 @@ $queued->query_until(qr/claimed/, '');
 $upd->quit;
 $queued->quit;
 is( $node->safe_psql('up', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.2', 'the update ran once the claim transaction committed');
+	'1.1', 'the update ran once the claim transaction committed');
 is( $node->safe_psql('up',
 		q{SELECT attempt || '|' || (claim IS NOT NULL) FROM idempotency.records WHERE key = 'up-queued'}),
 	'1|false', 'the queued claim went through after the update, as the 1.0 call it began as (no claim)');

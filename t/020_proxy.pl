@@ -167,11 +167,25 @@ like($err, qr/cannot be created in a database that has extension "idempotency_pr
 	'CREATE EXTENSION idempotency_proxy CASCADE');
 is($state, '42710', 'and idempotency_proxy beside idempotency too');
 
+# The block of proxy/README.md that follows the text $after, as written.
+sub proxy_readme_block
+{
+	my ($after) = @_;
+	open my $fh, '<', "$FindBin::RealBin/../proxy/README.md" or die "proxy/README.md: $!";
+	local $/;
+	my $text = <$fh>;
+	close $fh;
+	$text =~ /\Q$after\E.*?```sql\n(.*?)```/s or die "no block after '$after' in proxy/README.md";
+	return $1;
+}
+
 # An application role with the grants README gives, on the router and on
-# the shards; PL/Proxy connects to the shards as that role
+# the shards (and proxy/README's grants on the shards); PL/Proxy connects
+# to the shards as that role
 $_->safe_psql('postgres', "CREATE ROLE app LOGIN;\n"
 	  . sql_fixture('readme_grants.sql', app_role => 'app')
-	  . sql_fixture('readme_token_grants.sql', app_role => 'app'))
+	  . sql_fixture('readme_token_grants.sql', app_role => 'app')
+	  . proxy_readme_block('Grants on the shards'))
   for @shards;
 $router->safe_psql('postgres', q{
 CREATE ROLE app LOGIN;
