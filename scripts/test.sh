@@ -12,7 +12,9 @@
 #                         postgresql.conf block of the Markdown files, each
 #                         file on a fresh cluster of its own (docs/testing.md)
 # then the same on PostgreSQL 17 and 18, each in a Debian root of its own
-# (scripts/matrix.sh; IDEM_MATRIX=0 leaves it out).
+# (scripts/matrix.sh; IDEM_MATRIX=0 leaves it out), and last a database
+# moved from 15 to 17 and 18 by dump and restore and by pg_upgrade
+# (scripts/pgup_test.sh; IDEM_PGUP=0 leaves it out).
 # Exits non-zero if anything fails, after printing the diffs.
 #
 #   bash scripts/test.sh          (as root on Debian 12)
@@ -283,6 +285,34 @@ if [[ $IDEM_PG_MAJOR == 15 && ${IDEM_MATRIX:-1} != 0 ]]; then
 		bymajor+=$'\n'"PostgreSQL $m: $p passed, $f failed, $s skipped in ${secs}s${note:+ ($note)}"
 	done <"$matrix_results"
 	rm -f "$matrix_results"
+fi
+
+# A database moved from 15 to 17 and 18, by dump and restore and by
+# pg_upgrade (scripts/pgup_test.sh), in the roots the matrix has just made
+# or refreshed: on the host only, so once a run.  A major without a root is
+# counted as skipped.  IDEM_PGUP=0 leaves it out.
+if [[ $IDEM_PG_MAJOR == 15 && ${IDEM_PGUP:-1} != 0 ]]; then
+	pgup_out=$(mktemp "${TMPDIR:-/tmp}/idempotency-pgup-out.XXXXXX")
+	pgup_t0=$SECONDS
+	log "moving a database from PostgreSQL 15 to newer majors (scripts/pgup_test.sh)"
+	bash "$REPO_ROOT/scripts/pgup_test.sh" 2>&1 | tee "$pgup_out" || status=1
+	# its closing line; without one, a failure
+	pgup_p=0 pgup_m=1 pgup_s=0
+	pgup_line=$(sed -nE \
+		's/^postgresql upgrade \(dump, pg_upgrade\): ([0-9]+) of ([0-9]+) tests passed, ([0-9]+) skipped\.$/\1 \2 \3/p' \
+		"$pgup_out" | tail -n 1)
+	if [[ -n $pgup_line ]]; then
+		read -r pgup_p pgup_m pgup_s <<<"$pgup_line"
+	fi
+	passed=$((passed + pgup_p))
+	failed=$((failed + pgup_m - pgup_p))
+	skipped=$((skipped + pgup_s))
+	bymajor+=$'\n'"PostgreSQL 15 to 17, 18 (dump, pg_upgrade): $pgup_p passed, $((pgup_m - pgup_p)) failed,"
+	bymajor+=" $pgup_s skipped in $((SECONDS - pgup_t0))s"
+	if grep -q '^not ok' "$pgup_out"; then
+		failures+=$(grep '^not ok' "$pgup_out" | head -n 20 | sed 's/^/[pgup] /')$'\n'
+	fi
+	rm -f "$pgup_out"
 fi
 if [[ -n $failures ]]; then
 	echo
