@@ -3,7 +3,10 @@
 #
 #   1. META.json's versions (SemVer, x.y.0) match idempotency.control's and
 #      proxy/idempotency_proxy.control's default_version
-#   2. every released script listed in released.sha256 is unchanged
+#   2. every released script listed in released.sha256 is there, unchanged,
+#      and shipped (in its Makefile's DATA)
+#   3. the default_version of each control file has a full install script
+#      (idempotency--1.1.sql), shipped
 #
 # Prints "release checks: N of M tests passed." and exits non-zero on a
 # failure.
@@ -31,7 +34,32 @@ check "META.json version = idempotency.control's" same "$(meta_version '')" "$ex
 check "META.json provides.idempotency = idempotency.control's" same "$(meta_version idempotency)" "$ext.0"
 check "META.json provides.idempotency_proxy = proxy's control" same "$(meta_version idempotency_proxy)" "$proxy.0"
 # A released script is never edited (STYLE.md): released.sha256 lists them.
+# Git tags do not reach main, so this list is the record of what was released.
+released=$(sed -nE 's/^[0-9a-f]{64}  (.+)$/\1/p' released.sha256)
+all_there() {
+	local f ok=0
+	for f in $released; do
+		[[ -f $f ]] || { echo "  released script $f is missing"; ok=1; }
+	done
+	return $ok
+}
+# data_of MAKEFILE: the words of its DATA line
+data_of() { sed -nE 's/^DATA *= *//p' "$1"; }
+shipped() {
+	local f dir base ok=0
+	for f in "$@"; do
+		dir=$(dirname "$f") base=$(basename "$f")
+		[[ " $(data_of "$dir/Makefile") " == *" $base "* ]] ||
+			{ echo "  $f is not in $dir/Makefile's DATA"; ok=1; }
+	done
+	return $ok
+}
+check "released scripts present (released.sha256)" all_there
 check "released scripts unchanged (released.sha256)" sha256sum --quiet --strict -c released.sha256
+# shellcheck disable=SC2086
+check "released scripts shipped (Makefile DATA)" shipped $released
+check "full install script for idempotency $ext shipped" shipped "idempotency--$ext.sql"
+check "full install script for idempotency_proxy $proxy shipped" shipped "proxy/idempotency_proxy--$proxy.sql"
 
 echo "release checks: $passed of $total tests passed."
 ((passed == total))
