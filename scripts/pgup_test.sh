@@ -61,6 +61,7 @@ pgup_check_names=(
 	"ALTER EXTENSION ... UPDATE leaves idempotency at its default version"
 	"the cron job is there once, and rescheduling keeps it once"
 	"pg_cron's job id sequence continues after the restored jobs"
+	"the maintenance job runs on the new server"
 	"idem_maintain() moves DEFAULT's records out and covers max_ttl"
 	"every partition has the filter trigger ENABLE ALWAYS and its replica identity"
 	"the filters of the partitions that hold records are ready"
@@ -296,6 +297,23 @@ pgup_checks() {
 		SELECT max(jobid) AS before FROM cron.job \gset
 		SELECT cron.schedule('pgup-probe', '0 0 1 1 *', 'SELECT 1') > :before;
 		SELECT cron.unschedule('pgup-probe') AS ignored \gset
+	EOF
+	# pg_cron runs the job within a few seconds; up to 300 are allowed
+	check "${pgup_check_names[i++]}" $'t\nt' <<-'EOF'
+		CREATE FUNCTION pg_temp.ran(job bigint) RETURNS boolean LANGUAGE plpgsql AS $$
+		BEGIN
+		    FOR i IN 1..300 LOOP
+		        IF EXISTS (SELECT FROM cron.job_run_details d
+		                    WHERE d.jobid = job AND d.status = 'succeeded') THEN
+		            RETURN true;
+		        END IF;
+		        PERFORM pg_sleep(1);
+		    END LOOP;
+		    RETURN false;
+		END $$;
+		SELECT idempotency.idem_schedule_maintenance('2 seconds') AS job \gset
+		SELECT pg_temp.ran(:job);
+		SELECT idempotency.idem_schedule_maintenance() > 0;
 	EOF
 	check "${pgup_check_names[i++]}" t <<-'EOF'
 		SELECT count(*) AS n FROM idempotency.records \gset
