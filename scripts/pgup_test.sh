@@ -535,7 +535,12 @@ pgup_upgrade() {
 		-b /usr/lib/postgresql/15/bin -B $bin -d /pgup/old15 -D /pgup/upgraded \
 		-p $(free_port) -P $(free_port)" >"$PGUP_TMP/pg_upgrade-$major.log" 2>&1 || {
 		tail -n 30 "$PGUP_TMP/pg_upgrade-$major.log"
-		find "$mnt/pgup/upgraded" -name '*.log' -path '*pg_upgrade_output.d*' -exec tail -n 20 {} + 2>/dev/null | tail -n 40
+		# and the end of the log it names ("Consult the last few lines of")
+		sed -nE 's/.*Consult the last few lines of "([^"]+)".*/\1/p' "$PGUP_TMP/pg_upgrade-$major.log" |
+			sort -u | while read -r f; do
+				echo "==== $f (its errors) ===="
+				grep -E -A 3 'error|ERROR' "$mnt$f" 2>/dev/null | head -n 30 || true
+			done
 		return 1
 	}
 	tgt_start "$mnt" "$major" /pgup/upgraded
@@ -557,6 +562,8 @@ pgup_major() {
 		exec {PGUP_LOCK_FD}>&-
 		return 0
 	fi
+	log "PostgreSQL $major: root locked after $(($(date +%s) - t0))s of waiting"
+	t0=$(date +%s)
 	ov=$PGUP_TMP/ov$major
 	mnt=$ov/merged
 	mkdir -p "$ov/upper" "$ov/work" "$mnt"
