@@ -27,7 +27,7 @@ OBJS = \
 	worker.o
 
 EXTENSION = idempotency
-DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1.sql
+DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1.sql idempotency--1.1--1.2.sql idempotency--1.2.sql
 PGFILEDESC = "idempotency - exactly-once write endpoints from SQL"
 
 # Test files run in name order; their numeric prefixes give that order.

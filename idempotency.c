@@ -124,23 +124,33 @@ static const IdemStat idem_outcome_stats[] = {
  * 1.0 symbols, which behave and answer exactly as 1.0 did and never write the
  * 1.1 columns; the 1.1 SQL functions are bound to the _1_1 symbols, so that a
  * backend still running the 1.0 library fails to find them rather than fill
- * 1.0's result shape into 1.1's (as pg_stat_statements does).
+ * 1.0's result shape into 1.1's (as pg_stat_statements does).  1.2 did the
+ * same for the functions whose arguments or results it changed (_1_2), and
+ * for idem_extend, whose 1.1 library would write a record without its 1.2
+ * columns.  A later interface serves everything an earlier one does.
  */
 typedef enum IdemApi
 {
 	IDEM_API_1_0,
-	IDEM_API_1_1
+	IDEM_API_1_1,
+	IDEM_API_1_2
 } IdemApi;
 
 PG_FUNCTION_INFO_V1(idem_acquire);
 PG_FUNCTION_INFO_V1(idem_acquire_1_1);
+PG_FUNCTION_INFO_V1(idem_acquire_1_2);
 PG_FUNCTION_INFO_V1(idem_complete);
 PG_FUNCTION_INFO_V1(idem_complete_1_1);
+PG_FUNCTION_INFO_V1(idem_complete_1_2);
 PG_FUNCTION_INFO_V1(idem_release);
 PG_FUNCTION_INFO_V1(idem_release_1_1);
 PG_FUNCTION_INFO_V1(idem_lookup);
 PG_FUNCTION_INFO_V1(idem_lookup_1_1);
+PG_FUNCTION_INFO_V1(idem_lookup_1_2);
 PG_FUNCTION_INFO_V1(idem_extend);
+PG_FUNCTION_INFO_V1(idem_extend_1_2);
+PG_FUNCTION_INFO_V1(idem_checkpoint);
+PG_FUNCTION_INFO_V1(idem_forget);
 PG_FUNCTION_INFO_V1(idem_request_hash);
 PG_FUNCTION_INFO_V1(idem_maintenance_settings);
 PG_FUNCTION_INFO_V1(idem_token_issue);
@@ -406,6 +416,110 @@ idem_require_1_1(void)
 }
 
 /*
+ * Called by the 1.2 entry points once idempotency.records is open: the
+ * table must have the 1.2 columns, as idem_require_1_1.
+ */
+static void
+idem_require_1_2(void)
+{
+	idem_require_1_1();
+	if (!idem_records_have_checkpoints())
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table \"idempotency.records\" has no columns of version 1.2"),
+				 errdetail("Some of the columns phase, state, response_headers and trace are missing."),
+				 errhint("Run ALTER EXTENSION idempotency UPDATE in this database.")));
+}
+
+/*
+ * Return optional text argument argno (1.2), named what in errors: NULL, or
+ * at most IDEM_MAX_KEY_BYTES bytes and, if nonempty, not empty.
+ */
+static text *
+idem_check_optional_string(FunctionCallInfo fcinfo, int argno,
+						   const char *what, bool nonempty)
+{
+	text	   *t;
+	size_t		len;
+
+	if (PG_ARGISNULL(argno))
+		return NULL;
+	t = PG_GETARG_TEXT_PP(argno);
+	len = VARSIZE_ANY_EXHDR(t);
+	if (nonempty && len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", what)));
+	if (len > IDEM_MAX_KEY_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s is too long", what),
+				 errdetail("It has %zu bytes; the limit is %d.",
+						   len, IDEM_MAX_KEY_BYTES)));
+	return t;
+}
+
+/*
+ * Check idem_complete's response_headers (1.2) and return them as stored:
+ * a JSON object whose values are strings, its names in lower case (ASCII
+ * letters only, as HTTP header names are).  Names that differ only in case
+ * become one, the last in jsonb's order of keys winning.
+ */
+static Jsonb *
+idem_check_headers(Jsonb *jb)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken r;
+	JsonbParseState *state = NULL;
+	JsonbValue *res = NULL;
+	char	   *name = NULL;
+
+	if (JB_ROOT_IS_SCALAR(jb) || !JB_ROOT_IS_OBJECT(jb))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("response_headers must be a JSON object"),
+				 errhint("Pass an object of header name and string value, such as '{\"Location\": \"/orders/1\"}'.")));
+
+	it = JsonbIteratorInit(&jb->root);
+	while ((r = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		switch (r)
+		{
+			case WJB_BEGIN_OBJECT:
+				res = pushJsonbValue(&state, r, NULL);
+				break;
+			case WJB_KEY:
+				{
+					int			i;
+
+					name = pnstrdup(v.val.string.val, v.val.string.len);
+					for (i = 0; i < v.val.string.len; i++)
+						name[i] = pg_ascii_tolower((unsigned char) name[i]);
+					v.val.string.val = name;
+					res = pushJsonbValue(&state, r, &v);
+					break;
+				}
+			case WJB_VALUE:
+				if (v.type != jbvString)
+					ereport(ERROR,
+							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+							 errmsg("value of response header \"%s\" is not a string",
+									name ? name : ""),
+							 errhint("Store every header value as a JSON string.")));
+				res = pushJsonbValue(&state, r, &v);
+				break;
+			case WJB_END_OBJECT:
+				res = pushJsonbValue(&state, r, NULL);
+				break;
+			default:
+				elog(ERROR, "unexpected jsonb token %d in response_headers", (int) r);
+		}
+	}
+	return JsonbValueToJsonb(res);
+}
+
+/*
  * Check that the function was declared with the arguments this entry point
  * reads: one declared by hand with fewer must fail cleanly rather than read
  * past them.
@@ -512,8 +626,8 @@ typedef struct IdemAcquire
 	bool		session_bound;
 	/* the call */
 	Relation	parent;
-	IdemClaim	claim;			/* the claim written, at 1.1 */
-	IdemClaim  *newclaim;		/* &claim at 1.1, else NULL */
+	IdemClaim	claim;			/* the claim written, from 1.1 on */
+	IdemClaim  *newclaim;		/* &claim from 1.1 on, else NULL */
 	TimestampTz deadline;		/* of the waits: idempotency.wait_timeout */
 	TimestampTz hint;			/* where a new claim's record would go */
 	int			poll_ms;		/* the next sleep of a poll */
@@ -545,9 +659,11 @@ idem_acquire_check(FunctionCallInfo fcinfo, IdemApi api, IdemAcquire *st)
 	st->key.token = false;
 	idem_check_ttl_lease(fcinfo, 3, 4, &st->ttl, &st->lease);
 	st->hash = PG_ARGISNULL(1) ? NULL : idem_hash_jsonb(PG_GETARG_JSONB_P(1));
-	st->session_bound = api == IDEM_API_1_1 && !PG_ARGISNULL(5) &&
+	st->session_bound = api >= IDEM_API_1_1 && !PG_ARGISNULL(5) &&
 		PG_GETARG_BOOL(5);
-	st->newclaim = (api == IDEM_API_1_1) ? &st->claim : NULL;
+	st->newclaim = (api >= IDEM_API_1_1) ? &st->claim : NULL;
+	st->claim.trace = (api >= IDEM_API_1_2) ?
+		idem_check_optional_string(fcinfo, 6, "trace", false) : NULL;
 	st->have_record = false;
 	st->xact_open = false;
 	st->taken_over = false;
@@ -567,11 +683,15 @@ idem_acquire_open(FunctionCallInfo fcinfo, IdemAcquire *st)
 	PreventCommandDuringRecovery("idem_acquire()");
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	idem_check_result_natts(fcinfo, st->api == IDEM_API_1_1 ? 7 : 5);
+	idem_check_result_natts(fcinfo, st->api == IDEM_API_1_2 ? 11 :
+							st->api == IDEM_API_1_1 ? 7 : 5);
 	st->parent = idem_records_open();
-	if (st->api == IDEM_API_1_1)
+	if (st->api >= IDEM_API_1_1)
 	{
-		idem_require_1_1();
+		if (st->api == IDEM_API_1_2)
+			idem_require_1_2();
+		else
+			idem_require_1_1();
 		/* taken before any key lock, so that nothing waits on us for it */
 		if (st->session_bound)
 			idem_hold_owner_lock();
@@ -668,7 +788,8 @@ idem_claim_over(const IdemRecord *rec, TimestampTz now)
  * Take over a claim that is over, as the contract says, even when the claim
  * is our own from earlier in this transaction, and let go of the key lock.
  * An attempt number that cannot grow any more is an error, never a negative
- * attempt.
+ * attempt.  The record keeps its checkpoint (1.2), which kr.rec still holds
+ * for the answer; the new claim's trace replaces the old one.
  */
 static void
 idem_acquire_takeover(IdemAcquire *st)
@@ -808,8 +929,8 @@ idem_acquire_answer(FunctionCallInfo fcinfo, const IdemAcquire *st)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	const IdemRecord *rec = &st->kr.rec;
-	Datum		values[7];
-	bool		nulls[7];
+	Datum		values[11];
+	bool		nulls[11];
 
 	memset(nulls, true, sizeof(nulls));
 	values[0] = CStringGetTextDatum(idem_outcome_names[st->outcome]);
@@ -828,7 +949,7 @@ idem_acquire_answer(FunctionCallInfo fcinfo, const IdemAcquire *st)
 		values[4] = TimestampTzGetDatum(rec->expires_at);
 		nulls[4] = false;
 	}
-	if (st->api == IDEM_API_1_1)
+	if (st->api >= IDEM_API_1_1)
 	{
 		if (st->outcome == IDEM_ACQUIRED)
 		{
@@ -840,6 +961,28 @@ idem_acquire_answer(FunctionCallInfo fcinfo, const IdemAcquire *st)
 			values[6] = Int32GetDatum(idem_retry_after(rec, st->have_record,
 													   st->xact_open));
 			nulls[6] = false;
+		}
+	}
+	if (st->api >= IDEM_API_1_2)
+	{
+		/* phase, state: the checkpoint of the claim taken over */
+		if (st->taken_over)
+		{
+			values[7] = rec->phase;
+			nulls[7] = rec->phase_null;
+			values[8] = rec->state;
+			nulls[8] = rec->state_null;
+		}
+		if (st->outcome == IDEM_REPLAY)
+		{
+			values[9] = rec->response_headers;
+			nulls[9] = rec->headers_null;
+		}
+		/* origin_trace: of the claim that made the record, if visible */
+		if (st->outcome != IDEM_ACQUIRED && st->have_record)
+		{
+			values[10] = rec->trace;
+			nulls[10] = rec->trace_null;
 		}
 	}
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
@@ -867,6 +1010,9 @@ idem_acquire_count(const IdemAcquire *st, const instr_time *start)
  *					   expires_at)
  * idem_acquire_1_1(key, request, scope, ttl, lease, session_bound)
  *		returns table (..., expires_at, claim, retry_after)
+ * idem_acquire_1_2(..., session_bound, trace)
+ *		returns table (..., retry_after, phase, state, response_headers,
+ *					   origin_trace)
  *
  * Always exactly one row.  The protocol: a replay answered without the key
  * lock where it can be, else locked passes (keylock.c) until one settles
@@ -929,6 +1075,14 @@ idem_acquire_1_1(PG_FUNCTION_ARGS)
 	return idem_acquire_common(fcinfo, IDEM_API_1_1);
 }
 
+/* The 1.2 symbol of idem_acquire_common */
+Datum
+idem_acquire_1_2(PG_FUNCTION_ARGS)
+{
+	idem_check_nargs(fcinfo, 7);
+	return idem_acquire_common(fcinfo, IDEM_API_1_2);
+}
+
 
 /* ----------------------------------------------------------------
  * idem_complete, idem_release
@@ -961,9 +1115,11 @@ idem_lock_claimed(IdemKeyRead *kr, Relation parent, text *scope, text *key)
  * idem_complete(key, response_status, response_body, scope, attempt)
  *		returns boolean
  * idem_complete_1_1(..., attempt, claim) returns boolean
+ * idem_complete_1_2(..., claim, response_headers) returns boolean
  *
  * True when it turned the processing record into completed; false when the
- * record was completed already.  No live record: P0002.  A given attempt
+ * record was completed already.  The body and the headers (1.2, see
+ * idem_check_headers) count together against max_response_bytes.  No live record: P0002.  A given attempt
  * or claim that is not the record's: 55000, checked before the completed
  * case.
  */
@@ -981,6 +1137,8 @@ idem_complete_common(FunctionCallInfo fcinfo, IdemApi api)
 	IdemRecord *rec = &kr.rec;
 	Relation	parent;
 	bool		result = false;
+	Jsonb	   *headers = NULL;
+	Size		size = 0;
 
 	key = idem_check_ident(fcinfo, 0, true);
 	scope = idem_check_ident(fcinfo, 3, false);
@@ -996,7 +1154,7 @@ idem_complete_common(FunctionCallInfo fcinfo, IdemApi api)
 				 errhint("Use a status from 100 to 599.")));
 	if (!PG_ARGISNULL(2))
 	{
-		Size		size = toast_datum_size(PG_GETARG_DATUM(2));
+		size = toast_datum_size(PG_GETARG_DATUM(2));
 
 		if (size > (Size) idem_max_response_bytes)
 			ereport(ERROR,
@@ -1006,12 +1164,25 @@ idem_complete_common(FunctionCallInfo fcinfo, IdemApi api)
 							   size, idem_max_response_bytes)));
 	}
 	check_attempt = idem_check_attempt(fcinfo, 4, &attempt);
-	if (api == IDEM_API_1_1)
+	if (api >= IDEM_API_1_1)
 		check_claim = idem_check_claim_arg(fcinfo, 5, &claim);
+	if (api >= IDEM_API_1_2 && !PG_ARGISNULL(6))
+	{
+		headers = idem_check_headers(PG_GETARG_JSONB_P(6));
+		size += VARSIZE(headers);
+		if (size > (Size) idem_max_response_bytes)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("response_body and response_headers are too large"),
+					 errdetail("They take %zu bytes together; idempotency.max_response_bytes is %d.",
+							   size, idem_max_response_bytes)));
+	}
 	PreventCommandDuringRecovery("idem_complete()");
 
 	parent = idem_records_open();
-	if (api == IDEM_API_1_1)
+	if (api == IDEM_API_1_2)
+		idem_require_1_2();
+	else if (api == IDEM_API_1_1)
 		idem_require_1_1();
 	idem_lock_claimed(&kr, parent, scope, key);
 
@@ -1025,7 +1196,9 @@ idem_complete_common(FunctionCallInfo fcinfo, IdemApi api)
 		idem_records_complete(parent, rec, &kr.key, status,
 							  PG_ARGISNULL(2) ? (Datum) 0 :
 							  PointerGetDatum(PG_GETARG_JSONB_P(2)),
-							  PG_ARGISNULL(2), kr.now);
+							  PG_ARGISNULL(2),
+							  PointerGetDatum(headers), headers == NULL,
+							  kr.now);
 		result = true;
 		idem_stats_add(IDEM_STAT_COMPLETED, 1);
 	}
@@ -1048,6 +1221,14 @@ idem_complete_1_1(PG_FUNCTION_ARGS)
 {
 	idem_check_nargs(fcinfo, 6);
 	return idem_complete_common(fcinfo, IDEM_API_1_1);
+}
+
+/* The 1.2 symbol of idem_complete_common */
+Datum
+idem_complete_1_2(PG_FUNCTION_ARGS)
+{
+	idem_check_nargs(fcinfo, 7);
+	return idem_complete_common(fcinfo, IDEM_API_1_2);
 }
 
 /*
@@ -1076,12 +1257,12 @@ idem_release_common(FunctionCallInfo fcinfo, IdemApi api)
 	key = idem_check_ident(fcinfo, 0, true);
 	scope = idem_check_ident(fcinfo, 1, false);
 	check_attempt = idem_check_attempt(fcinfo, 2, &attempt);
-	if (api == IDEM_API_1_1)
+	if (api >= IDEM_API_1_1)
 		check_claim = idem_check_claim_arg(fcinfo, 3, &claim);
 	PreventCommandDuringRecovery("idem_release()");
 
 	parent = idem_records_open();
-	if (api == IDEM_API_1_1)
+	if (api >= IDEM_API_1_1)
 		idem_require_1_1();
 	idem_lock_claimed(&kr, parent, scope, key);
 
@@ -1127,6 +1308,9 @@ idem_release_1_1(PG_FUNCTION_ARGS)
  * A given claim that is not the record's: 55000, checked first, as in
  * idem_complete.  A session-bound claim has no lease to extend: its
  * locked_until is already expires_at, returned as it is, nothing written.
+ * The 1.2 SQL function is bound to idem_extend_1_2, the same code: a
+ * backend on the 1.1 library, which would write the record without its 1.2
+ * columns, fails to find it.
  */
 Datum
 idem_extend(PG_FUNCTION_ARGS)
@@ -1184,6 +1368,161 @@ idem_extend(PG_FUNCTION_ARGS)
 	PG_RETURN_TIMESTAMPTZ(locked_until);
 }
 
+/* The 1.2 symbol of idem_extend */
+Datum
+idem_extend_1_2(PG_FUNCTION_ARGS)
+{
+	return idem_extend(fcinfo);
+}
+
+/*
+ * idem_checkpoint(key, scope, claim, phase, state) returns timestamptz
+ *
+ * The holder of a processing claim records how far it got: phase (1 to 255
+ * bytes) and state (a jsonb of at most max_response_bytes, or NULL), in the
+ * caller's transaction, so that they commit or roll back with its business
+ * writes.  A takeover's acquired answers them, and so does idem_lookup.
+ * Returns the record's locked_until, unchanged: a checkpoint is not a
+ * heartbeat.  The errors are idem_extend's (a claim that is not the
+ * record's: 55000, checked before the completed case; no live processing
+ * record: P0002).
+ */
+Datum
+idem_checkpoint(PG_FUNCTION_ARGS)
+{
+	text	   *key;
+	text	   *scope;
+	pg_uuid_t	claim;
+	bool		check_claim;
+	text	   *phase;
+	IdemKeyRead kr;
+	IdemRecord *rec = &kr.rec;
+	Relation	parent;
+	TimestampTz locked_until;
+
+	idem_check_nargs(fcinfo, 5);
+	key = idem_check_ident(fcinfo, 0, true);
+	scope = idem_check_ident(fcinfo, 1, false);
+	check_claim = idem_check_claim_arg(fcinfo, 2, &claim);
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("checkpoint phase must not be null"),
+				 errhint("Name the step the claim has got to, such as 'charged'.")));
+	phase = idem_check_optional_string(fcinfo, 3, "checkpoint phase", true);
+	if (!PG_ARGISNULL(4))
+	{
+		Size		size = toast_datum_size(PG_GETARG_DATUM(4));
+
+		if (size > (Size) idem_max_response_bytes)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("checkpoint state is too large"),
+					 errdetail("It takes %zu bytes; idempotency.max_response_bytes is %d.",
+							   size, idem_max_response_bytes)));
+	}
+	PreventCommandDuringRecovery("idem_checkpoint()");
+
+	parent = idem_records_open();
+	idem_require_1_2();
+	idem_lock_claimed(&kr, parent, scope, key);
+
+	if (!rec->found)
+		idem_no_record_error(scope, key);
+	idem_check_claim(key, check_claim, &claim, rec);
+	if (rec->completed)
+		ereport(ERROR,
+				(errcode(ERRCODE_NO_DATA_FOUND),
+				 errmsg("idempotency key \"%s\" in scope \"%s\" is completed",
+						text_to_cstring(key), text_to_cstring(scope)),
+				 errdetail("Only a processing claim records checkpoints.")));
+
+	idem_records_checkpoint(parent, rec, &kr.key, phase,
+							PG_ARGISNULL(4) ? (Datum) 0 :
+							PointerGetDatum(PG_GETARG_JSONB_P(4)),
+							PG_ARGISNULL(4));
+	locked_until = rec->locked_until_null ? rec->expires_at :
+		rec->locked_until;
+	idem_unlock(&kr.tag, ExclusiveLock);
+
+	idem_records_close(parent);
+	PG_RETURN_TIMESTAMPTZ(locked_until);
+}
+
+/*
+ * ereport the error of idem_forget when another transaction still writes
+ * the record after idempotency.wait_timeout.
+ */
+static void
+idem_forget_busy_error(text *scope, text *key)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+			 errmsg("could not forget idempotency key \"%s\" in scope \"%s\": another transaction is still writing its record",
+					text_to_cstring(key), text_to_cstring(scope)),
+			 errdetail("It waited idempotency.wait_timeout (%d ms) for that transaction to end.",
+					   idem_wait_timeout),
+			 errhint("Retry once that transaction has ended, or raise idempotency.wait_timeout.")));
+}
+
+/*
+ * idem_forget(key, scope) returns boolean
+ *
+ * Removes the live record of (scope, key), whatever its state, so that the
+ * next idem_acquire of the key answers acquired at attempt 1; false where
+ * there was none.  Never a one-time token.  Waits up to wait_timeout for a
+ * transaction still writing the record, then 55P03.
+ *
+ * Privileges.  The function's EXECUTE privilege (the table's owner, and
+ * the roles it is granted to) is all it needs: the table's own privileges
+ * are not checked, so an operator role can forget keys without being able
+ * to read or change the records.
+ *
+ * Nothing answers from the record once the delete commits: the lock-free
+ * replay read uses the statement's MVCC snapshot, which a statement begun
+ * after the commit takes with the delete in it, and the known-absent
+ * filters only ever rule keys out (a deleted key stays "maybe"); the reads
+ * under the key lock see the delete as every other write.
+ */
+Datum
+idem_forget(PG_FUNCTION_ARGS)
+{
+	IdemKey		k;
+	IdemKeyRead kr;
+	IdemRecord *rec = &kr.rec;
+	Relation	parent;
+	bool		result = false;
+
+	k.key = idem_check_ident(fcinfo, 0, true);
+	k.scope = idem_check_ident(fcinfo, 1, false);
+	k.token = false;
+	PreventCommandDuringRecovery("idem_forget()");
+
+	parent = idem_records_open_unchecked();
+	idem_require_1_1();
+	idem_key_read_init(&kr, parent, &k,
+					   TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+												   idem_wait_timeout),
+					   idem_default_ttl_usecs(), NULL);
+	if (idem_lock_and_read(&kr) != IDEM_READ_LOCKED)
+		idem_forget_busy_error(k.scope, k.key);
+	idem_key_read_end(&kr);
+
+	if (rec->found)
+	{
+		Assert(!rec->is_token);
+		idem_records_forget(parent, rec);
+		result = true;
+	}
+	idem_unlock(&kr.tag, ExclusiveLock);
+	idem_wait_clock_count(&kr.clock);
+	if (result)
+		idem_stats_add(IDEM_STAT_FORGOTTEN, 1);
+
+	idem_records_close(parent);
+	PG_RETURN_BOOL(result);
+}
+
 
 /* ----------------------------------------------------------------
  * idem_lookup
@@ -1194,6 +1533,8 @@ idem_extend(PG_FUNCTION_ARGS)
  * idem_lookup(key, scope) returns table (status, request_hash, ...,
  *		expires_at)
  * idem_lookup_1_1(key, scope) returns table (..., expires_at, owner_pid)
+ * idem_lookup_1_2(key, scope) returns table (..., owner_pid, phase, state,
+ *		response_headers, origin_trace)
  *
  * The live record, or no row.  Never waits, never writes: a plain read with
  * the caller's snapshot, no key lock.  owner_pid: the owner of a
@@ -1217,17 +1558,20 @@ idem_lookup_common(FunctionCallInfo fcinfo, IdemApi api)
 	k.token = false;
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	idem_check_result_natts(fcinfo, api == IDEM_API_1_1 ? 10 : 9);
+	idem_check_result_natts(fcinfo, api == IDEM_API_1_2 ? 14 :
+							api == IDEM_API_1_1 ? 10 : 9);
 	parent = idem_records_open();
-	if (api == IDEM_API_1_1)
+	if (api == IDEM_API_1_2)
+		idem_require_1_2();
+	else if (api == IDEM_API_1_1)
 		idem_require_1_1();
 
 	now = GetCurrentTimestamp();
 	idem_read_mvcc(parent, &k, now, now + idem_default_ttl_usecs(), &rec);
 	if (rec.found)
 	{
-		Datum		values[10];
-		bool		nulls[10];
+		Datum		values[14];
+		bool		nulls[14];
 
 		memset(nulls, false, sizeof(nulls));
 		values[0] = CStringGetTextDatum(rec.completed ? "completed" : "processing");
@@ -1246,6 +1590,14 @@ idem_lookup_common(FunctionCallInfo fcinfo, IdemApi api)
 		values[8] = TimestampTzGetDatum(rec.expires_at);
 		values[9] = Int32GetDatum(rec.owner_pid);
 		nulls[9] = rec.owner_null || rec.completed;
+		values[10] = rec.phase;
+		nulls[10] = rec.phase_null;
+		values[11] = rec.state;
+		nulls[11] = rec.state_null;
+		values[12] = rec.response_headers;
+		nulls[12] = rec.headers_null;
+		values[13] = rec.trace;
+		nulls[13] = rec.trace_null;
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 
@@ -1265,6 +1617,13 @@ Datum
 idem_lookup_1_1(PG_FUNCTION_ARGS)
 {
 	return idem_lookup_common(fcinfo, IDEM_API_1_1);
+}
+
+/* The 1.2 symbol of idem_lookup_common */
+Datum
+idem_lookup_1_2(PG_FUNCTION_ARGS)
+{
+	return idem_lookup_common(fcinfo, IDEM_API_1_2);
 }
 
 

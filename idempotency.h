@@ -79,6 +79,15 @@ typedef struct IdemRecord
 	int32		owner_pid;
 	TimestampTz owner_start;
 	bool		is_token;		/* a one-time token, not a key */
+	/* 1.2 columns; NULL (true) where the table does not have them yet */
+	bool		phase_null;
+	Datum		phase;			/* text: the last checkpoint's phase */
+	bool		state_null;
+	Datum		state;			/* jsonb: the last checkpoint's state */
+	bool		headers_null;
+	Datum		response_headers;	/* jsonb object, names in lower case */
+	bool		trace_null;
+	Datum		trace;			/* text: the trace of the current claim */
 	TimestampTz shadow_expires; /* see idem_records_find; 0 if none */
 } IdemRecord;
 
@@ -93,6 +102,7 @@ typedef struct IdemClaim
 	bool		session_bound;
 	int32		owner_pid;
 	TimestampTz owner_start;
+	text	   *trace;			/* 1.2: the claiming request's trace, or NULL */
 } IdemClaim;
 
 /*
@@ -229,7 +239,9 @@ typedef struct IdemNewRecord
 /* records.c */
 extern void idem_records_init(void);
 extern Relation idem_records_open(void);
+extern Relation idem_records_open_unchecked(void);
 extern bool idem_records_have_claims(void);
+extern bool idem_records_have_checkpoints(void);
 extern void idem_records_close(Relation parent);
 extern void idem_records_find(Relation parent, const IdemKey *k,
 							  TimestampTz now, TimestampTz hint,
@@ -252,10 +264,15 @@ extern void idem_records_extend(Relation parent, const IdemRecord *rec,
 extern void idem_records_complete(Relation parent, const IdemRecord *rec,
 								  const IdemKey *k, int32 status,
 								  Datum body, bool body_null,
+								  Datum headers, bool headers_null,
 								  TimestampTz now);
+extern void idem_records_checkpoint(Relation parent, const IdemRecord *rec,
+									const IdemKey *k, text *phase,
+									Datum state, bool state_null);
 extern void idem_records_consume(Relation parent, const IdemRecord *rec,
 								 const IdemKey *k, TimestampTz now);
 extern void idem_records_delete(Relation parent, const IdemRecord *rec);
+extern void idem_records_forget(Relation parent, const IdemRecord *rec);
 extern List *idem_records_live_partitions(Relation parent, TimestampTz now);
 extern TimestampTz idem_records_partition_end(Relation parent, Oid relid);
 
@@ -333,7 +350,9 @@ typedef enum IdemStat
 	IDEM_STAT_TOKENS_CONSUMED,
 	IDEM_STAT_ACQUIRE_NSECS,
 	IDEM_STAT_BUCKET0,
-	IDEM_NSTATS = IDEM_STAT_BUCKET0 + IDEM_NBUCKETS
+	/* 1.2: after the buckets, so that a file saved by 1.1 still reads */
+	IDEM_STAT_FORGOTTEN = IDEM_STAT_BUCKET0 + IDEM_NBUCKETS,
+	IDEM_NSTATS
 } IdemStat;
 
 /* stats.c */

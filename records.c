@@ -93,6 +93,11 @@ typedef enum IdemColumn
 	COL_OWNER_PID,
 	COL_OWNER_START,
 	COL_IS_TOKEN,
+	/* added by 1.2: absent while the database is still at 1.0 or 1.1 */
+	COL_PHASE,
+	COL_STATE,
+	COL_RESPONSE_HEADERS,
+	COL_TRACE,
 	IDEM_NCOLUMNS
 } IdemColumn;
 
@@ -115,6 +120,10 @@ static const char *const idem_column_names[IDEM_NCOLUMNS] = {
 	[COL_OWNER_PID] = "owner_pid",
 	[COL_OWNER_START] = "owner_start",
 	[COL_IS_TOKEN] = "is_token",
+	[COL_PHASE] = "phase",
+	[COL_STATE] = "state",
+	[COL_RESPONSE_HEADERS] = "response_headers",
+	[COL_TRACE] = "trace",
 };
 
 /*
@@ -139,6 +148,9 @@ static Oid	idem_records_relid = InvalidOid;
 
 /* Whether idempotency.records has the 1.1 columns; valid with the OID */
 static bool idem_records_v11 = false;
+
+/* Whether it has the 1.2 columns (phase, state, response_headers, trace) */
+static bool idem_records_v12 = false;
 
 /*
  * The partitions a search goes through, in the order of their ranges, with
@@ -392,11 +404,11 @@ idem_check_privilege(Relation parent, AclMode mode)
 }
 
 /*
- * Open idempotency.records for reading (AccessShareLock), after checking
- * that the caller may SELECT from it, as the executor would.
+ * Open idempotency.records for reading (AccessShareLock); check_acl: after
+ * checking that the caller may SELECT from it, as the executor would.
  */
-Relation
-idem_records_open(void)
+static Relation
+idem_records_open_internal(bool check_acl)
 {
 	Relation	parent = NULL;
 
@@ -432,6 +444,11 @@ idem_records_open(void)
 			get_attnum(relid, idem_column_names[COL_OWNER_PID]) != InvalidAttrNumber &&
 			get_attnum(relid, idem_column_names[COL_OWNER_START]) != InvalidAttrNumber &&
 			get_attnum(relid, idem_column_names[COL_IS_TOKEN]) != InvalidAttrNumber;
+		idem_records_v12 = idem_records_v11 &&
+			get_attnum(relid, idem_column_names[COL_PHASE]) != InvalidAttrNumber &&
+			get_attnum(relid, idem_column_names[COL_STATE]) != InvalidAttrNumber &&
+			get_attnum(relid, idem_column_names[COL_RESPONSE_HEADERS]) != InvalidAttrNumber &&
+			get_attnum(relid, idem_column_names[COL_TRACE]) != InvalidAttrNumber;
 		idem_records_relid = relid;
 	}
 	if (parent->rd_rel->relkind != RELKIND_PARTITIONED_TABLE)
@@ -439,8 +456,29 @@ idem_records_open(void)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("\"idempotency.records\" is not a partitioned table")));
 
-	idem_check_privilege(parent, ACL_SELECT);
+	if (check_acl)
+		idem_check_privilege(parent, ACL_SELECT);
 	return parent;
+}
+
+/*
+ * Open idempotency.records for reading, as a SELECT from it would.
+ */
+Relation
+idem_records_open(void)
+{
+	return idem_records_open_internal(true);
+}
+
+/*
+ * Open idempotency.records without checking the caller's privileges on it:
+ * for idem_forget, whose EXECUTE privilege is what lets an operator role
+ * forget keys without any privilege on the table.
+ */
+Relation
+idem_records_open_unchecked(void)
+{
+	return idem_records_open_internal(false);
 }
 
 /*
@@ -456,11 +494,21 @@ idem_records_have_claims(void)
 }
 
 /*
+ * Does idempotency.records have the columns of version 1.2?  As
+ * idem_records_have_claims.
+ */
+bool
+idem_records_have_checkpoints(void)
+{
+	return idem_records_v12;
+}
+
+/*
  * Before writing: what the executor would refuse, take and check for an
  * INSERT, UPDATE or DELETE on the parent.
  */
 static void
-idem_prepare_write(Relation parent, AclMode mode)
+idem_prepare_write_acl(Relation parent, AclMode mode, bool check_acl)
 {
 	const char *cmd = (mode == ACL_INSERT) ? "INSERT" :
 		(mode == ACL_UPDATE) ? "UPDATE" : "DELETE";
@@ -470,7 +518,18 @@ idem_prepare_write(Relation parent, AclMode mode)
 	PreventCommandIfReadOnly(cmd);
 	PreventCommandDuringRecovery(cmd);
 	LockRelationOid(RelationGetRelid(parent), RowExclusiveLock);
-	idem_check_privilege(parent, mode);
+	if (check_acl)
+		idem_check_privilege(parent, mode);
+}
+
+/*
+ * idem_prepare_write_acl, checking the caller's privilege as the executor
+ * would.
+ */
+static void
+idem_prepare_write(Relation parent, AclMode mode)
+{
+	idem_prepare_write_acl(parent, mode, true);
 }
 
 /*
@@ -575,6 +634,20 @@ idem_fill_record(IdemRecord *rec, Relation rel, const IdemPartition *part,
 	rec->is_token = part->attnum[COL_IS_TOKEN] != InvalidAttrNumber &&
 		!slot->tts_isnull[ATT(COL_IS_TOKEN)] &&
 		DatumGetBool(slot->tts_values[ATT(COL_IS_TOKEN)]);
+
+	/* the 1.2 columns, likewise; NULL in nearly every record but a replay's */
+#define COPY_OPTIONAL(col, isnull, value) \
+	do { \
+		(isnull) = part->attnum[(col)] == InvalidAttrNumber || \
+			slot->tts_isnull[ATT(col)]; \
+		if (!(isnull)) \
+			(value) = PointerGetDatum(PG_DETOAST_DATUM_COPY(slot->tts_values[ATT(col)])); \
+	} while (0)
+	COPY_OPTIONAL(COL_PHASE, rec->phase_null, rec->phase);
+	COPY_OPTIONAL(COL_STATE, rec->state_null, rec->state);
+	COPY_OPTIONAL(COL_RESPONSE_HEADERS, rec->headers_null, rec->response_headers);
+	COPY_OPTIONAL(COL_TRACE, rec->trace_null, rec->trace);
+#undef COPY_OPTIONAL
 #undef ATT
 }
 
@@ -1283,15 +1356,27 @@ idem_record_columns(const IdemRecord *rec, const IdemKey *k, Datum *values,
 	nulls[COL_OWNER_START] = rec->owner_null;
 	values[COL_IS_TOKEN] = BoolGetDatum(rec->is_token);
 	nulls[COL_IS_TOKEN] = false;
+	values[COL_PHASE] = rec->phase;
+	nulls[COL_PHASE] = rec->phase_null;
+	values[COL_STATE] = rec->state;
+	nulls[COL_STATE] = rec->state_null;
+	values[COL_RESPONSE_HEADERS] = rec->response_headers;
+	nulls[COL_RESPONSE_HEADERS] = rec->headers_null;
+	values[COL_TRACE] = rec->trace;
+	nulls[COL_TRACE] = rec->trace_null;
 }
 
 /*
  * Set the 1.1 columns of a claim being written: claim NULL (a 1.0 entry
- * point) leaves all three NULL; a lease claim has no owner.
+ * point) leaves all three NULL; a lease claim has no owner.  The claim's
+ * trace (1.2) replaces the record's: NULL where it has none.
  */
 static void
 idem_claim_columns(const IdemClaim *claim, Datum *values, bool *nulls)
 {
+	values[COL_TRACE] = (claim && claim->trace) ?
+		PointerGetDatum(claim->trace) : (Datum) 0;
+	nulls[COL_TRACE] = !(claim && claim->trace);
 	values[COL_CLAIM] = claim ? UUIDPGetDatum(&claim->claim) : (Datum) 0;
 	nulls[COL_CLAIM] = (claim == NULL);
 	if (claim != NULL && claim->session_bound)
@@ -1336,6 +1421,7 @@ idem_records_insert(Relation parent, const IdemKey *k,
 	rec.completed_at_null = true;
 	rec.expires_at = nr->expires_at;
 	rec.is_token = k->token;
+	rec.phase_null = rec.state_null = rec.headers_null = rec.trace_null = true;
 	idem_record_columns(&rec, k, values, nulls);
 	idem_claim_columns(nr->claim, values, nulls);
 
@@ -1455,7 +1541,8 @@ idem_records_extend(Relation parent, const IdemRecord *rec,
 static void
 idem_update_completed(Relation parent, const IdemRecord *rec,
 					  const IdemKey *k, const int32 *status, Datum body,
-					  bool body_null, TimestampTz now)
+					  bool body_null, Datum headers, bool headers_null,
+					  TimestampTz now)
 {
 	Datum		values[IDEM_NCOLUMNS];
 	bool		nulls[IDEM_NCOLUMNS];
@@ -1471,6 +1558,8 @@ idem_update_completed(Relation parent, const IdemRecord *rec,
 		nulls[COL_RESPONSE_STATUS] = false;
 		values[COL_RESPONSE_BODY] = body;
 		nulls[COL_RESPONSE_BODY] = body_null;
+		values[COL_RESPONSE_HEADERS] = headers;
+		nulls[COL_RESPONSE_HEADERS] = headers_null;
 	}
 	values[COL_COMPLETED_AT] = TimestampTzGetDatum(now);
 	nulls[COL_COMPLETED_AT] = false;
@@ -1478,14 +1567,39 @@ idem_update_completed(Relation parent, const IdemRecord *rec,
 }
 
 /*
- * Turn a processing record into completed with its response.
+ * Turn a processing record into completed with its response: status, body
+ * and (1.2) headers.  Its checkpoint stays as it was.
  */
 void
 idem_records_complete(Relation parent, const IdemRecord *rec,
 					  const IdemKey *k, int32 status, Datum body,
-					  bool body_null, TimestampTz now)
+					  bool body_null, Datum headers, bool headers_null,
+					  TimestampTz now)
 {
-	idem_update_completed(parent, rec, k, &status, body, body_null, now);
+	idem_update_completed(parent, rec, k, &status, body, body_null,
+						  headers, headers_null, now);
+}
+
+/*
+ * Record a processing record's checkpoint (1.2): its phase and state;
+ * everything else, the lease included, stays.
+ */
+void
+idem_records_checkpoint(Relation parent, const IdemRecord *rec,
+						const IdemKey *k, text *phase, Datum state,
+						bool state_null)
+{
+	Datum		values[IDEM_NCOLUMNS];
+	bool		nulls[IDEM_NCOLUMNS];
+
+	Assert(rec->found && !rec->completed && !k->token);
+	idem_prepare_write(parent, ACL_UPDATE);
+	idem_record_columns(rec, k, values, nulls);
+	values[COL_PHASE] = PointerGetDatum(phase);
+	nulls[COL_PHASE] = false;
+	values[COL_STATE] = state;
+	nulls[COL_STATE] = state_null;
+	idem_update(rec, values, nulls);
 }
 
 /*
@@ -1495,22 +1609,44 @@ void
 idem_records_consume(Relation parent, const IdemRecord *rec,
 					 const IdemKey *k, TimestampTz now)
 {
-	idem_update_completed(parent, rec, k, NULL, (Datum) 0, true, now);
+	idem_update_completed(parent, rec, k, NULL, (Datum) 0, true,
+						  (Datum) 0, true, now);
 }
 
 /*
- * Remove a record version.
+ * Remove a record version; check_acl: after checking the caller's DELETE
+ * privilege, as the executor would.
  */
-void
-idem_records_delete(Relation parent, const IdemRecord *rec)
+static void
+idem_delete(Relation parent, const IdemRecord *rec, bool check_acl)
 {
 	Relation	rel;
 
-	idem_prepare_write(parent, ACL_DELETE);
+	idem_prepare_write_acl(parent, ACL_DELETE, check_acl);
 	rel = table_open(rec->partoid, RowExclusiveLock);
 	CheckCmdReplicaIdentity(rel, CMD_DELETE);
 	simple_heap_delete(rel, (ItemPointer) &rec->tid);
 	table_close(rel, NoLock);
 
 	CommandCounterIncrement();
+}
+
+/*
+ * Remove a record version (idem_release, and maintenance's callers).
+ */
+void
+idem_records_delete(Relation parent, const IdemRecord *rec)
+{
+	idem_delete(parent, rec, true);
+}
+
+/*
+ * Remove a key's live record for idem_forget, whose EXECUTE privilege
+ * stands for the table's: no privilege on idempotency.records is checked.
+ */
+void
+idem_records_forget(Relation parent, const IdemRecord *rec)
+{
+	Assert(rec->found && !rec->is_token);
+	idem_delete(parent, rec, false);
 }

@@ -68,7 +68,10 @@
 /* Where the totals wait for the next start, and what the file is */
 #define IDEM_STATS_FILE		"pg_stat/idempotency.stat"
 #define IDEM_STATS_FILE_HEADER	0x49444D53	/* "IDMS" */
-#define IDEM_STATS_FILE_VERSION	1	/* raise when IdemStat changes */
+#define IDEM_STATS_FILE_VERSION	2	/* raise when IdemStat changes */
+
+/* Counters in a file of version 1 (the library of 1.1): the first ones */
+#define IDEM_NSTATS_V1	29
 
 /* Upper bounds of the acquire-duration buckets, in microseconds */
 static const int64 idem_bucket_bounds[IDEM_NBUCKETS - 1] = {
@@ -77,7 +80,7 @@ static const int64 idem_bucket_bounds[IDEM_NBUCKETS - 1] = {
 	1000000, 2500000, 5000000
 };
 
-StaticAssertDecl(IDEM_NSTATS == 29,
+StaticAssertDecl(IDEM_NSTATS == 30,
 				 "IdemStat changed: raise IDEM_STATS_FILE_VERSION and fix this check");
 
 /* Counters of one database, as stored in its entry */
@@ -88,6 +91,15 @@ typedef struct IdemStatsDb
 	uint64		folded[IDEM_NSTATS];	/* from backends that have exited */
 	uint64		base[IDEM_NSTATS];	/* totals at the last reset */
 } IdemStatsDb;
+
+/* A database's entry as the library of 1.1 saved it (file version 1) */
+typedef struct IdemStatsDbV1
+{
+	Oid			dboid;
+	TimestampTz stats_reset;
+	uint64		folded[IDEM_NSTATS_V1];
+	uint64		base[IDEM_NSTATS_V1];
+} IdemStatsDbV1;
 
 /* A backend's counters: written by that backend only */
 typedef struct IdemStatsSlot
@@ -133,6 +145,7 @@ static void idem_stats_shmem_shutdown(int code, Datum arg);
 static void idem_stats_backend_exit(int code, Datum arg);
 
 PG_FUNCTION_INFO_V1(idem_stats);
+PG_FUNCTION_INFO_V1(idem_stats_1_2);
 PG_FUNCTION_INFO_V1(idem_acquire_histogram);
 PG_FUNCTION_INFO_V1(idem_stats_reset);
 PG_FUNCTION_INFO_V1(idem_stats_enabled);
@@ -245,7 +258,8 @@ idem_stats_slot(int i)
  * Read back the totals a clean shutdown left, then remove the file, so that
  * a crash before the next clean shutdown starts from zero rather than from
  * these totals again.  A file that cannot be read, or of another layout, is
- * ignored with a LOG line.
+ * ignored with a LOG line.  A file of version 1, which the library of 1.1
+ * saved, gives the counters it had; those added since start from zero.
  */
 static void
 idem_stats_load(void)
@@ -265,7 +279,7 @@ idem_stats_load(void)
 	}
 	if (fread(header, sizeof(header), 1, file) != 1 ||
 		header[0] != IDEM_STATS_FILE_HEADER ||
-		header[1] != IDEM_STATS_FILE_VERSION)
+		(header[1] != IDEM_STATS_FILE_VERSION && header[1] != 1))
 	{
 		ereport(LOG,
 				(errmsg("ignoring idempotency statistics file \"%s\" of another layout",
@@ -276,8 +290,21 @@ idem_stats_load(void)
 	{
 		IdemStatsDb saved;
 		IdemStatsDb *db;
+		bool		ok;
 
-		if (fread(&saved, sizeof(saved), 1, file) != 1)
+		if (header[1] == 1)
+		{
+			IdemStatsDbV1 v1;
+
+			ok = fread(&v1, sizeof(v1), 1, file) == 1;
+			memset(&saved, 0, sizeof(saved));
+			saved.dboid = v1.dboid;
+			saved.stats_reset = v1.stats_reset;
+			memcpy(saved.folded, v1.folded, sizeof(v1.folded));
+		}
+		else
+			ok = fread(&saved, sizeof(saved), 1, file) == 1;
+		if (!ok)
 		{
 			ereport(LOG,
 					(errmsg("idempotency statistics file \"%s\" is truncated",
@@ -721,24 +748,25 @@ idem_stats_begin(FunctionCallInfo fcinfo, int natts, IdemStatsTotals **totals)
  *		mismatched, in_progress, completed, released, waits, wait_time,
  *		tokens_issued, tokens_consumed, acquire_duration_sum,
  *		acquire_duration_count, stats_reset)
+ * idem_stats_1_2() returns table (..., stats_reset, forgotten)
  *
  * One row per database that has counted since its entry was made, the
  * databases that have been dropped left out.  wait_time is in
- * milliseconds, acquire_duration_sum in seconds.
+ * milliseconds, acquire_duration_sum in seconds.  natts: 15 (1.1) or 16.
  */
-Datum
-idem_stats(PG_FUNCTION_ARGS)
+static Datum
+idem_stats_common(FunctionCallInfo fcinfo, int natts)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	IdemStatsTotals *totals;
 	int			n;
 	int			i;
 
-	n = idem_stats_begin(fcinfo, 15, &totals);
+	n = idem_stats_begin(fcinfo, natts, &totals);
 	for (i = 0; i < n; i++)
 	{
-		Datum		values[15];
-		bool		nulls[15];
+		Datum		values[16];
+		bool		nulls[16];
 		char	   *datname = get_database_name(totals[i].dboid);
 		const uint64 *c = totals[i].counters;
 
@@ -761,9 +789,24 @@ idem_stats(PG_FUNCTION_ARGS)
 		values[12] = Float8GetDatum((double) c[IDEM_STAT_ACQUIRE_NSECS] / 1e9);
 		values[13] = idem_stats_count_datum(idem_stats_acquire_count(c));
 		values[14] = TimestampTzGetDatum(totals[i].stats_reset);
+		values[15] = idem_stats_count_datum(c[IDEM_STAT_FORGOTTEN]);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;
+}
+
+/* The 1.1 symbol of idem_stats_common */
+Datum
+idem_stats(PG_FUNCTION_ARGS)
+{
+	return idem_stats_common(fcinfo, 15);
+}
+
+/* The 1.2 symbol of idem_stats_common: forgotten at the end */
+Datum
+idem_stats_1_2(PG_FUNCTION_ARGS)
+{
+	return idem_stats_common(fcinfo, 16);
 }
 
 /*

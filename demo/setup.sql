@@ -15,6 +15,15 @@ CREATE TABLE payments (
     created_at       timestamptz NOT NULL DEFAULT now()
 );
 
+-- The payment provider's side of the resumed payment (1.2): one row per
+-- charge it made.  The demo checks that a payment whose worker died after
+-- the charge is charged once.
+CREATE TABLE provider_charges (
+    payment_key      text NOT NULL,
+    charge_id        text NOT NULL,
+    charged_at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
 -- One product whose stock concurrent orders deduct.  There is deliberately no
 -- CHECK (quantity >= 0): the guarded UPDATE alone must keep it from going
 -- below zero.

@@ -110,6 +110,16 @@ v10_revision() {
 	[[ -n $rev ]] && echo "$rev"
 }
 
+# v11_revision: the commit of release 1.1 (tag v1.1, or else the parent of
+# the commit that added the 1.1--1.2 update script), as v10_revision.
+v11_revision() {
+	local rev
+	rev=$(git -C "$REPO_ROOT" rev-parse -q --verify 'v1.1^{commit}' 2>/dev/null) ||
+		rev=$(git -C "$REPO_ROOT" log --diff-filter=A --format=%H -1 \
+			-- idempotency--1.1--1.2.sql 2>/dev/null | sed 's/$/^/')
+	[[ -n $rev ]] && echo "$rev"
+}
+
 install_deps() {
 	local p missing=() wanted=("${IDEM_PACKAGES[@]}") extra=()
 	if [[ ${1:-} == demo ]]; then

@@ -237,6 +237,32 @@ if [[ -z $s_acq || $s_acq -le 0 || $s_rep -le 0 ]]; then
 fi
 say "j. idempotency.stats: acquired $s_acq, replayed (idempotency_cache_hit_total) $s_rep, in_progress $s_inp, mismatched $s_mis, tokens consumed $s_tok; P99 of idem_acquire <= ${s_p99} s"
 
+# k. a resumed payment (1.2): the worker dies after the provider charged
+key=5e2a7c1d-8b4f-4d3a-a6e0-payment0003
+request='{"amount_cents": 2500, "currency": "EUR"}'
+PGAPPNAME=demo-resume-worker q -v key="$key" -v request="$request" -f "$DEMO/resume_worker.sql" \
+	>"$IDEM_TMPDIR/resume-worker.out" 2>&1 &
+worker_pid=$!
+in_call=0
+for _ in $(seq 1 100); do
+	in_call=$(q -c "SELECT count(*) FROM pg_stat_activity
+	                 WHERE application_name = 'demo-resume-worker'
+	                   AND state = 'active' AND query LIKE '%pg_sleep%'")
+	[[ $in_call == 1 ]] && break
+	sleep 0.1
+done
+[[ $in_call == 1 ]] || { cat "$IDEM_TMPDIR/resume-worker.out" >&2; die "the payment worker never charged"; }
+q -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+       WHERE application_name = 'demo-resume-worker'" >/dev/null
+wait "$worker_pid" || true
+charged=$(head -n 1 "$IDEM_TMPDIR/resume-worker.out")
+IFS='|' read -r t_outcome t_attempt t_phase t_charge t_done t_calls < <(q -v key="$key" -v request="$request" \
+	-f "$DEMO/resume_takeover.sql")
+check takeover "$t_outcome/$t_attempt" acquired/2 "resumed at" "$t_phase" charged "charge id" "$t_charge" "$charged" \
+	completed "$t_done" t "provider charges" "$t_calls" 1
+say "k. resumed payment (1.2): the worker charged $charged, checkpointed 'charged' and died; the takeover -> $t_outcome, attempt $t_attempt, at '$t_phase' with $t_charge" \
+	"   it completes without charging again -> completed: $t_done; the provider charged $t_calls time(s)"
+
 stop_cluster
 echo
 printf 'demo finished in %s s: ' "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')"

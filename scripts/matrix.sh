@@ -341,13 +341,13 @@ mx_result() {
 
 # mx_enter MAJOR: take MAJOR's root for this run: lock it (one run at a time
 # builds or uses a root), make sure it is there and fresh (mx_root), put a
-# copy of this tree without build products in its /build (and the 1.0
-# sources in /build/.v10), and mount what a server needs (mx_mount).  The
+# copy of this tree without build products in its /build (and the 1.0 and
+# 1.1 sources in /build/.v10 and /build/.v11), and mount what a server needs (mx_mount).  The
 # root's folder is then in $MX_TMP/root.  Returns 1, with the reason in
 # $MX_TMP/reason and the lock released, if there is no root to use.
 # mx_leave gives the root back.
 mx_enter() {
-	local major=$1 root v10
+	local major=$1 root v10 v11
 	mkdir -p "$MATRIX_CACHE"
 	exec {MX_LOCK_FD}>"$MATRIX_CACHE/pg$major.lock"
 	flock -w 3600 "$MX_LOCK_FD" || die "could not lock $MATRIX_CACHE/pg$major.lock"
@@ -371,6 +371,12 @@ mx_enter() {
 		mkdir "$root/build/.v10"
 		git -C "$REPO_ROOT" archive "$v10" | tar -C "$root/build/.v10" -xf - ||
 			rm -rf "$root/build/.v10"
+	fi
+	# and the 1.1 sources, for t/024_upgrade_1_2.pl's
+	if v11=$(v11_revision); then
+		mkdir "$root/build/.v11"
+		git -C "$REPO_ROOT" archive "$v11" | tar -C "$root/build/.v11" -xf - ||
+			rm -rf "$root/build/.v11"
 	fi
 
 	mx_mount "$root"
@@ -404,7 +410,7 @@ mx_run_major() {
 	timeout -k 60 "$MATRIX_TIMEOUT" chroot "$root" /usr/bin/env -i \
 		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" CI="${CI:-}" \
-		IDEM_PG_MAJOR="$major" IDEM_MATRIX=0 IDEM_V10_SRC=/build/.v10 \
+		IDEM_PG_MAJOR="$major" IDEM_MATRIX=0 IDEM_V10_SRC=/build/.v10 IDEM_V11_SRC=/build/.v11 \
 		bash /build/scripts/test.sh 2>&1 </dev/null |
 		tee "$out" | sed -u "s/^/[pg$major] /" || rc=$?
 	mx_leave

@@ -111,17 +111,19 @@ fi
 # run as root: they run as the postgres OS user in a copy of the tree that it
 # owns, inside the temporary folder removed on exit.
 #
-# t/012_upgrade.pl also runs a session on the 1.0 library, built here from
-# the 1.0 sources: those scripts/matrix.sh put in $IDEM_V10_SRC (a root has
-# no git history), or else the tree of v10_revision (common.sh).  Where
-# neither can be had the test skips that session, with a note.
-build_v10_library() {
-	local dir=$IDEM_TMPDIR/v10 rev
+# t/012_upgrade.pl also runs a session on the 1.0 library, and
+# t/024_upgrade_1_2.pl one on the 1.1 library, built here from their
+# sources: those scripts/matrix.sh put in $IDEM_V10_SRC and $IDEM_V11_SRC (a
+# root has no git history), or else the tree of v10_revision and
+# v11_revision (common.sh).  Where neither can be had the test skips that
+# session, with a note.
+build_old_library() {
+	local version=$1 src=$2 dir=$IDEM_TMPDIR/$1 rev
 	mkdir -p "$dir"
-	if [[ -n ${IDEM_V10_SRC:-} && -d $IDEM_V10_SRC ]]; then
-		cp -r "$IDEM_V10_SRC/." "$dir"
+	if [[ -n $src && -d $src ]]; then
+		cp -r "$src/." "$dir"
 	else
-		rev=$(v10_revision) || return 0
+		rev=$("${version}_revision") || return 0
 		git -C "$REPO_ROOT" archive "$rev" | tar -x -C "$dir" || return 0
 	fi
 	if make -s -C "$dir" PG_CONFIG="$PG_CONFIG" >/dev/null 2>&1; then
@@ -130,7 +132,7 @@ build_v10_library() {
 	fi
 }
 run_tap() {
-	local name="TAP (prove)" out rc=0 copy=$IDEM_TMPDIR/tap v10 f errs
+	local name="TAP (prove)" out rc=0 copy=$IDEM_TMPDIR/tap v10 v11 f errs
 	log "$name"
 	mkdir -p "$copy"
 	cp -r "$REPO_ROOT/Makefile" "$REPO_ROOT/t" "$REPO_ROOT/monitoring" "$copy/"
@@ -138,11 +140,13 @@ run_tap() {
 	mkdir -p "$copy/sql"
 	cp -r "$REPO_ROOT/sql/include" "$copy/sql/"
 	chown -R postgres "$copy"
-	v10=$(build_v10_library || true)
+	v10=$(build_old_library v10 "${IDEM_V10_SRC:-}" || true)
 	[[ -n $v10 ]] || log "no 1.0 library built: t/012_upgrade.pl skips its 1.0-library session"
+	v11=$(build_old_library v11 "${IDEM_V11_SRC:-}" || true)
+	[[ -n $v11 ]] || log "no 1.1 library built: t/024_upgrade_1_2.pl skips its 1.1-library session"
 	out=$IDEM_TMPDIR/tap.out
 	(cd "$copy" && runuser -u postgres -- env -u PGHOST -u PGPORT -u PGUSER -u PGDATABASE \
-		IDEM_V10_LIBRARY="$v10" make --no-print-directory installcheck PG_CONFIG="$PG_CONFIG" REGRESS= ISOLATION= \
+		IDEM_V10_LIBRARY="$v10" IDEM_V11_LIBRARY="$v11" make --no-print-directory installcheck PG_CONFIG="$PG_CONFIG" REGRESS= ISOLATION= \
 		PROVE_FLAGS='--verbose --merge') 2>&1 | tee "$out" || rc=$?
 	if ((rc != 0)); then
 		status=1

@@ -1,6 +1,7 @@
 --
--- 15_upgrade: a database created at 1.0, served by the 1.1 library before
--- and after ALTER EXTENSION idempotency UPDATE, against a fresh 1.1 install.
+-- 15_upgrade: a database created at 1.0, served by the current library
+-- before and after ALTER EXTENSION idempotency UPDATE TO '1.1', against a
+-- fresh 1.1 install (1.1 -> 1.2: sql/33_upgrade_1_2.sql).
 -- (Live records in open transactions, a session opened before the update,
 -- and the lock the update takes: t/012_upgrade.pl.)
 --
@@ -60,14 +61,14 @@ SELECT pg_catalog.count(*) FROM idempotency.idem_lookup('u-wrong');
 CREATE VIEW public.my_lookup AS SELECT * FROM idempotency.idem_lookup('u-done');
 -- (no context: PostgreSQL 18 adds the script's statement to it)
 \set SHOW_CONTEXT never
-ALTER EXTENSION idempotency UPDATE;
+ALTER EXTENSION idempotency UPDATE TO '1.1';
 \set SHOW_CONTEXT errors
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 DROP VIEW public.my_lookup;
 
 -- The update
 SELECT pg_sleep(1.1);	-- u-short's lease runs out
-ALTER EXTENSION idempotency UPDATE;
+ALTER EXTENSION idempotency UPDATE TO '1.1';
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 
 -- Every 1.0 record: completed replays; processing with a running lease is
@@ -145,9 +146,9 @@ SELECT pg_catalog.string_agg(kind || ': ' || object || ' ' || initprivs, E'\n' O
        pg_get_viewdef('ext_objects') AS viewdef
   FROM ext_objects \gset
 \c regress_idem_v11
-CREATE EXTENSION idempotency;
+CREATE EXTENSION idempotency VERSION '1.1';
 -- the README's 1.1 grants
-\i sql/include/readme_grants.sql
+\i sql/include/readme_grants_1_1.sql
 CREATE TEMP VIEW ext_objects AS :viewdef
 SELECT pg_catalog.string_agg(kind || ': ' || object || ' ' || initprivs, E'\n' ORDER BY kind, object) AS fresh
   FROM ext_objects \gset

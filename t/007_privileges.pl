@@ -167,7 +167,7 @@ my @app_must_not = (
 	[ 'CREATE TYPE in the schema', q{CREATE TYPE idempotency.t AS (x int)} ],
 	[ 'CREATE OPERATOR in the schema', q{CREATE OPERATOR idempotency.= (LEFTARG = text, RIGHTARG = text, FUNCTION = texteq)} ],
 	[ 'CREATE OR REPLACE idem_acquire', q{CREATE OR REPLACE FUNCTION idempotency.idem_acquire(key text, request jsonb DEFAULT NULL, scope text DEFAULT '', ttl interval DEFAULT NULL, lease interval DEFAULT NULL) RETURNS TABLE (outcome text, response_status int, response_body jsonb, attempt int, expires_at timestamptz) LANGUAGE sql AS $$SELECT 'replay', 200, NULL::jsonb, 1, now()$$} ],
-	[ 'ALTER FUNCTION ... SECURITY DEFINER', q{ALTER FUNCTION idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean) SECURITY DEFINER} ],
+	[ 'ALTER FUNCTION ... SECURITY DEFINER', q{ALTER FUNCTION idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean, text) SECURITY DEFINER} ],
 	[ 'ALTER FUNCTION ... SET search_path', q{ALTER FUNCTION idempotency.idem_maintain() SET search_path = public} ],
 	[ 'ALTER FUNCTION ... OWNER', q{ALTER FUNCTION idempotency.idem_lookup(text, text) OWNER TO idem_app} ],
 	[ 'DROP FUNCTION', q{DROP FUNCTION idempotency.idem_request_hash(jsonb)} ],

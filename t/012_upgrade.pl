@@ -1,6 +1,7 @@
 # Copyright (c) idempotency authors
 #
-# ALTER EXTENSION idempotency UPDATE from 1.0 to 1.1 on a live database.
+# ALTER EXTENSION idempotency UPDATE from 1.0 to 1.1 on a live database
+# (1.1 to 1.2: t/024_upgrade_1_2.pl).
 #
 # A database is created at 1.0 and runs the 1.0 library, built from the last
 # commit before idempotency--1.0--1.1.sql (IDEM_V10_LIBRARY, which
@@ -39,7 +40,7 @@ $v10 = undef unless defined $v10 && -f $v10;
 
 # the README's grants at 1.0 and at 1.1 (sql/include)
 my $grants_10 = sql_fixture('readme_grants_1_0.sql', app_role => 'idem_app');
-my $grants_11 = sql_fixture('readme_grants.sql', app_role => 'idem_app');
+my $grants_11 = sql_fixture('readme_grants_1_1.sql', app_role => 'idem_app');
 
 $node->safe_psql('postgres', 'CREATE ROLE idem_app LOGIN; CREATE DATABASE up; CREATE DATABASE fresh');
 $node->safe_psql('up', "CREATE EXTENSION idempotency VERSION '1.0';\n$grants_10");
@@ -92,7 +93,7 @@ is( $pre11->query_safe(
 
 # The update takes ACCESS EXCLUSIVE on records: with lock_timeout it gives up
 # at once while the open claim transaction holds its lock.
-my ($state) = sqlstate_of_psql($node, 'up', q{SET lock_timeout = '200ms'; ALTER EXTENSION idempotency UPDATE});
+my ($state) = sqlstate_of_psql($node, 'up', q{SET lock_timeout = '200ms'; ALTER EXTENSION idempotency UPDATE TO '1.1'});
 is($state, '55P03', 'the update with lock_timeout fails (55P03) behind an open claim transaction');
 is( $node->safe_psql('up', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
 	'1.0', 'and changed nothing');
@@ -101,7 +102,7 @@ is( $node->safe_psql('up', q{SELECT extversion FROM pg_extension WHERE extname =
 my $upd = $node->background_psql('up');
 $upd->query_until(qr/updating/, qq{\\echo updating
 BEGIN;
-ALTER EXTENSION idempotency UPDATE;
+ALTER EXTENSION idempotency UPDATE TO '1.1';
 $repoint;
 COMMIT;
 \\echo updated
@@ -198,7 +199,7 @@ SELECT outcome FROM idempotency.idem_acquire('up-app-sb', session_bound => true)
 # the same objects as a fresh 1.1 install with the README's grants
 $node->safe_psql('up', q{UPDATE pg_catalog.pg_proc SET probin = '$libdir/idempotency'
                           WHERE pronamespace = 'idempotency'::regnamespace AND probin IS NOT NULL});
-$node->safe_psql('fresh', "CREATE EXTENSION idempotency;\n$grants_11");
+$node->safe_psql('fresh', "CREATE EXTENSION idempotency VERSION '1.1';\n$grants_11");
 my %dump;
 my $pg_dump = $node->config_data('--bindir') . '/pg_dump';
 foreach my $db (qw(up fresh))

@@ -17,7 +17,8 @@
 #      stats_reset is the reset's time;
 #   3. known calls in each database (acquired, replay, mismatch, in_progress
 #      behind an open transaction without and with a wait, behind a lease,
-#      a release, a takeover of a claim whose lease ran out, tokens): each
+#      a release, a takeover of a claim whose lease ran out, tokens, a
+#      forget): each
 #      counter on /metrics is the number of those answers, and the same as
 #      idempotency.stats says; one series per database (the query runs in
 #      the database of the connection string only, not again in every
@@ -81,7 +82,8 @@ my %metric_of = (
 	waits => 'idempotency_waits_total',
 	wait_time => 'idempotency_wait_seconds_total',    # ms in SQL, s here
 	tokens_issued => 'idempotency_tokens_issued_total',
-	tokens_consumed => 'idempotency_tokens_consumed_total');
+	tokens_consumed => 'idempotency_tokens_consumed_total',
+	forgotten => 'idempotency_forgotten_total');
 my @columns = sort keys %metric_of;
 
 # ---------------------------------------------------------------------------
@@ -437,6 +439,17 @@ is( $node->safe_psql(
 $expect{postgres}{tokens_consumed}++;
 $node->safe_psql('shop', q{SELECT idempotency.idem_token_issue()});
 $expect{shop}{tokens_issued}++;
+
+# a key forgotten (then not there to forget), in shop
+is( $node->safe_psql(
+		'shop',
+		q{SELECT outcome FROM idempotency.idem_acquire('forget-me');
+		  SELECT idempotency.idem_forget('forget-me');
+		  SELECT idempotency.idem_forget('forget-me')}),
+	"acquired\nt\nf", 'shop: a key forgotten once');
+$expect{shop}{acquired}++;
+$calls{shop}++;
+$expect{shop}{forgotten}++;
 
 # ---------------------------------------------------------------------------
 # 5. (before the takeover) the stale claims, from a second exporter that

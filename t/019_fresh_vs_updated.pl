@@ -1,12 +1,15 @@
 # Copyright (c) idempotency authors
 #
-# A fresh 1.1 install (idempotency--1.1.sql) equals 1.0 updated to 1.1
-# (idempotency--1.0.sql, then idempotency--1.0--1.1.sql).
+# A fresh 1.2 install (idempotency--1.2.sql) equals 1.0 updated to 1.2
+# (idempotency--1.0.sql, then idempotency--1.0--1.1.sql and
+# idempotency--1.1--1.2.sql) and 1.1 updated to 1.2 (idempotency--1.1.sql,
+# then the second update); a fresh 1.1 install equals 1.0 updated to 1.1.
 #
 # On one cluster with the library preloaded, database "fresh" runs CREATE
-# EXTENSION idempotency and database "updated" CREATE EXTENSION idempotency
-# VERSION '1.0' then ALTER EXTENSION idempotency UPDATE.  Then, the two
-# compared:
+# EXTENSION idempotency, "updated" CREATE EXTENSION idempotency VERSION
+# '1.0' then ALTER EXTENSION idempotency UPDATE, and "updated11" CREATE
+# EXTENSION idempotency VERSION '1.1' then the update ("fresh11" and
+# "updated10to11" stop at 1.1).  Then, each compared with its fresh one:
 #   - every object of the extension (pg_depend, deptype 'e'), by identity
 #     and definition: functions (arguments and defaults, result, language,
 #     prosrc, probin, proconfig, volatility, strictness, security, parallel,
@@ -20,7 +23,7 @@
 #   - the partitions that install made (columns, triggers, not members);
 #   - pg_dump --schema-only, whole;
 # first as installed, then with the README's grants given to an application
-# role in each (at 1.0 before the update in "updated").  Last, each runs the
+# role in each (at the old version before the update in the updated ones).  Last, each runs the
 # core calls (a claim, completion and replay, a token, maintenance, the
 # statistics) to show both work.  t/012_upgrade.pl updates a live database;
 # sql/15_upgrade.sql compares a smaller catalog view in the regression suite.
@@ -205,32 +208,57 @@ sub compare
 $node->safe_psql('postgres', q{
 CREATE ROLE idem_app LOGIN;
 CREATE DATABASE updated;
+CREATE DATABASE updated11;
 CREATE DATABASE fresh;
 CREATE DATABASE updated_granted;
+CREATE DATABASE updated11_granted;
 CREATE DATABASE fresh_granted;
+CREATE DATABASE updated10to11;
+CREATE DATABASE fresh11;
 });
+
+sub extversion
+{
+	my ($db) = @_;
+	return $node->safe_psql($db, q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'});
+}
 
 # As installed.
 $node->safe_psql('fresh', 'CREATE EXTENSION idempotency');
 $node->safe_psql('updated',
 	"CREATE EXTENSION idempotency VERSION '1.0';\nALTER EXTENSION idempotency UPDATE");
-is($node->safe_psql('fresh', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.1', 'CREATE EXTENSION idempotency installs 1.1');
-is($node->safe_psql('updated', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.1', 'ALTER EXTENSION idempotency UPDATE moves 1.0 to 1.1');
-compare('updated', 'fresh', 'as installed');
+$node->safe_psql('updated11',
+	"CREATE EXTENSION idempotency VERSION '1.1';\nALTER EXTENSION idempotency UPDATE");
+is(extversion('fresh'), '1.2', 'CREATE EXTENSION idempotency installs 1.2');
+is(extversion('updated'), '1.2', 'ALTER EXTENSION idempotency UPDATE moves 1.0 to 1.2');
+is(extversion('updated11'), '1.2', 'ALTER EXTENSION idempotency UPDATE moves 1.1 to 1.2');
+compare('updated', 'fresh', 'as installed, 1.0 updated');
+compare('updated11', 'fresh', 'as installed, 1.1 updated');
 
-# With the README's grants: 1.0's before the update, 1.1's on the fresh one.
+# 1.1 as released: a fresh install of it equals 1.0 updated to it.
+$node->safe_psql('fresh11', "CREATE EXTENSION idempotency VERSION '1.1'");
+$node->safe_psql('updated10to11',
+	"CREATE EXTENSION idempotency VERSION '1.0';\nALTER EXTENSION idempotency UPDATE TO '1.1'");
+is(extversion('updated10to11'), '1.1', 'UPDATE TO 1.1 stops at 1.1');
+compare('updated10to11', 'fresh11', 'at 1.1');
+
+# With the README's grants: the old version's before the update, 1.2's on
+# the fresh one.
 $node->safe_psql('fresh_granted',
 	"CREATE EXTENSION idempotency;\n" . sql_fixture('readme_grants.sql', app_role => 'idem_app'));
 $node->safe_psql('updated_granted',
 	"CREATE EXTENSION idempotency VERSION '1.0';\n"
 	  . sql_fixture('readme_grants_1_0.sql', app_role => 'idem_app')
 	  . "\nALTER EXTENSION idempotency UPDATE;\n");
-compare('updated_granted', 'fresh_granted', 'with the README grants');
+$node->safe_psql('updated11_granted',
+	"CREATE EXTENSION idempotency VERSION '1.1';\n"
+	  . sql_fixture('readme_grants_1_1.sql', app_role => 'idem_app')
+	  . "\nALTER EXTENSION idempotency UPDATE;\n");
+compare('updated_granted', 'fresh_granted', 'with the README grants, 1.0 updated');
+compare('updated11_granted', 'fresh_granted', 'with the README grants, 1.1 updated');
 
 # Both work: the core calls, as the application role where it has grants.
-foreach my $db (qw(updated fresh updated_granted fresh_granted))
+foreach my $db (qw(updated updated11 fresh updated_granted updated11_granted fresh_granted))
 {
 	my $out = $node->safe_psql($db, q{
 SET idempotency.wait_timeout = 0;

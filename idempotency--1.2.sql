@@ -1,0 +1,978 @@
+/* idempotency--1.2.sql */
+
+-- complain if script is sourced in psql, rather than via CREATE EXTENSION
+\echo Use "CREATE EXTENSION idempotency" to load this file. \quit
+
+--
+-- Version 1.2 for a fresh install: the objects that idempotency--1.1.sql
+-- followed by idempotency--1.1--1.2.sql make, in one script.
+-- t/019_fresh_vs_updated.pl holds them equal (and equal to 1.0 updated
+-- twice): the catalog objects, pg_dump --schema-only, the grants and
+-- pg_init_privs.  Function bodies are those of the scripts, byte for byte.
+-- A database at 1.0 or 1.1 moves up with ALTER EXTENSION idempotency UPDATE.
+--
+
+--
+-- Storage
+--
+-- One row per claimed (scope, key).  The table is range-partitioned on
+-- expires_at, which never changes once a record is claimed: a partition whose
+-- upper bound has passed holds only expired records and can be dropped whole.
+-- A unique index cannot say "one live record per (scope, key)" (a
+-- partitioned table's unique index must hold the partition key, and expired
+-- records stay until their partition is dropped); the C functions serialize
+-- writers of one (scope, key) on a transaction-level lock and look across
+-- the live partitions before inserting.  See idempotency.c.
+--
+-- The index is unique on (scope, key, expires_at) all the same, so that it
+-- can serve as the replica identity: logical replication then works on every
+-- partition, updates and deletes log only those three columns, and a
+-- subscriber finds the row by index on every major.  Two records of one key
+-- never share an expires_at (a new claim expires after now, an old one that
+-- is still there expired before it), so the uniqueness costs nothing but
+-- the check.  Every partition has the index as its replica identity;
+-- maintenance keeps that true for the partitions it makes.
+--
+-- key and scope are COLLATE "C": identity is by bytes, and comparisons in
+-- the index are plain memcmp.
+--
+-- claim and, for a session-bound claim, owner_pid and owner_start name the
+-- claim's holder; is_token tells one-time tokens from idempotency keys.
+-- They come last, where ALTER TABLE put them in a database updated from
+-- 1.0, so that both have the same column numbers.  After them, as the
+-- 1.1 -> 1.2 update adds them: a claim's last checkpoint (phase, state), a
+-- completed record's replayed headers, and the trace of the request whose
+-- claim made the record.
+--
+CREATE TABLE idempotency.records (
+    scope           text COLLATE "C" NOT NULL,
+    key             text COLLATE "C" NOT NULL,
+    status          text NOT NULL
+                    CHECK (status IN ('processing', 'completed')),
+    request_hash    bytea,
+    response_status int
+                    CHECK (response_status BETWEEN 100 AND 599),
+    response_body   jsonb,
+    attempt         int NOT NULL DEFAULT 1 CHECK (attempt >= 1),
+    created_at      timestamptz NOT NULL,
+    locked_until    timestamptz,
+    completed_at    timestamptz,
+    expires_at      timestamptz NOT NULL,
+    claim           uuid,
+    owner_pid       int,
+    owner_start     timestamptz,
+    is_token        boolean NOT NULL DEFAULT false,
+    phase           text,
+    state           jsonb,
+    response_headers jsonb,
+    trace           text,
+    CHECK ((status = 'completed') = (completed_at IS NOT NULL))
+) PARTITION BY RANGE (expires_at);
+
+CREATE UNIQUE INDEX records_scope_key_idx
+    ON idempotency.records (scope, key, expires_at);
+ALTER TABLE idempotency.records
+    REPLICA IDENTITY USING INDEX records_scope_key_idx;
+
+-- Rows land here only when no dated partition covers their expires_at
+-- (maintenance has not run for too long); no claim ever fails for want of a
+-- partition.  Made standalone and attached, as maintenance makes the dated
+-- ones, so that its index has a known name for the replica identity.
+CREATE TABLE idempotency.records_default
+    (LIKE idempotency.records INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+CREATE UNIQUE INDEX records_default_key
+    ON idempotency.records_default (scope, key, expires_at);
+ALTER TABLE idempotency.records_default
+    REPLICA IDENTITY USING INDEX records_default_key;
+ALTER TABLE idempotency.records
+    ATTACH PARTITION idempotency.records_default DEFAULT;
+
+COMMENT ON TABLE idempotency.records IS
+    'idempotency records, one per claimed (scope, key); range-partitioned on expires_at';
+
+-- Rows that wait in DEFAULT are dumped by pg_dump too.
+SELECT pg_catalog.pg_extension_config_dump('idempotency.records_default', '');
+
+--
+-- The API (see README.md).  All are SECURITY INVOKER: the caller needs the
+-- privileges that README.md lists.
+--
+
+-- idem_acquire's row, as a named composite type rather than OUT parameters:
+-- the same columns, but the executor takes a named type's descriptor from
+-- the type cache, where OUT parameters make every execution build it again
+-- from pg_proc (about 7 % of a replay's instructions).
+CREATE TYPE idempotency.acquire_result AS (
+    outcome         text,
+    response_status int,
+    response_body   jsonb,
+    attempt         int,
+    expires_at      timestamptz,
+    claim           uuid,
+    retry_after     int,
+    phase           text,
+    state           jsonb,
+    response_headers jsonb,
+    origin_trace    text);
+
+CREATE FUNCTION idempotency.idem_acquire(
+    key             text,
+    request         jsonb    DEFAULT NULL,
+    scope           text     DEFAULT '',
+    ttl             interval DEFAULT NULL,
+    lease           interval DEFAULT NULL,
+    session_bound   boolean  DEFAULT false,
+    trace           text     DEFAULT NULL)
+RETURNS SETOF idempotency.acquire_result
+AS 'MODULE_PATHNAME', 'idem_acquire_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+
+CREATE FUNCTION idempotency.idem_complete(
+    key              text,
+    response_status  int,
+    response_body    jsonb DEFAULT NULL,
+    scope            text  DEFAULT '',
+    attempt          int   DEFAULT NULL,
+    claim            uuid  DEFAULT NULL,
+    response_headers jsonb DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_complete_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency.idem_release(
+    key         text,
+    scope       text DEFAULT '',
+    attempt     int  DEFAULT NULL,
+    claim       uuid DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_release_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency.idem_lookup(
+    key         text,
+    scope       text DEFAULT '')
+RETURNS TABLE (status text, request_hash bytea, response_status int,
+               response_body jsonb, attempt int, created_at timestamptz,
+               locked_until timestamptz, completed_at timestamptz,
+               expires_at timestamptz, owner_pid int, phase text,
+               state jsonb, response_headers jsonb, origin_trace text)
+AS 'MODULE_PATHNAME', 'idem_lookup_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+
+CREATE FUNCTION idempotency.idem_extend(
+    key         text,
+    scope       text     DEFAULT '',
+    claim       uuid     DEFAULT NULL,
+    lease       interval DEFAULT NULL)
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'idem_extend_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+--
+-- Resumable operations: the holder of a processing claim records how far
+-- it got, in its own transaction.
+--
+CREATE FUNCTION idempotency.idem_checkpoint(
+    key         text,
+    scope       text  DEFAULT '',
+    claim       uuid  DEFAULT NULL,
+    phase       text  DEFAULT NULL,
+    state       jsonb DEFAULT NULL)
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'idem_checkpoint'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+--
+-- Forgetting a key: for the table's owner and the roles it grants EXECUTE
+-- to (an operator role needs no privilege on the table).
+--
+CREATE FUNCTION idempotency.idem_forget(
+    key         text,
+    scope       text DEFAULT '')
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_forget'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+--
+-- One-time tokens (the form-submit tokens): records of their own kind.
+--
+CREATE FUNCTION idempotency.idem_token_issue(
+    scope   text     DEFAULT '',
+    ttl     interval DEFAULT NULL)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_token_issue'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency.idem_token_consume(
+    token   text,
+    scope   text DEFAULT '')
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_token_consume'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency.idem_request_hash(request jsonb)
+RETURNS bytea
+AS 'MODULE_PATHNAME', 'idem_request_hash'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+-- Nothing is granted to PUBLIC: README.md says what to grant to whom.
+REVOKE ALL ON FUNCTION idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_complete(text, int, jsonb, text, int, uuid, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_release(text, text, int, uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_lookup(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_extend(text, text, uuid, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_checkpoint(text, text, uuid, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_forget(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_token_issue(text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_token_consume(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_request_hash(jsonb) FROM PUBLIC;
+
+--
+-- Partition lifecycle
+--
+
+--
+-- idempotency.partitions: the partitions of records and their ranges.
+-- range_start and range_end are NULL for the DEFAULT partition.
+--
+CREATE VIEW idempotency.partitions AS
+SELECT c.oid::pg_catalog.regclass AS partition,
+       (pg_catalog.regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid),
+                                'FROM \(''([^'']*)''\)'))[1]::timestamptz AS range_start,
+       (pg_catalog.regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid),
+                                'TO \(''([^'']*)''\)'))[1]::timestamptz AS range_end,
+       pg_catalog.pg_get_expr(c.relpartbound, c.oid) OPERATOR(pg_catalog.=) 'DEFAULT' AS is_default
+  FROM pg_catalog.pg_inherits i
+  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid
+ WHERE i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass;
+
+COMMENT ON VIEW idempotency.partitions IS
+    'partitions of idempotency.records with their expires_at ranges';
+
+--
+-- maintenance_settings(): the settings idem_maintain needs, as the library
+-- has them (calling it loads the library; see idempotency.c).
+--
+CREATE FUNCTION idempotency.maintenance_settings(
+    OUT partition_interval interval,
+    OUT max_ttl interval,
+    OUT lock_timeout_ms int)
+AS 'MODULE_PATHNAME', 'idem_maintenance_settings'
+LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+--
+-- maintain_partitions(): the partition work of idem_maintain() (below;
+-- 1.0's idem_maintain(), which the update renames).
+--
+-- Creates the partitions that the coming period needs (up to now + max_ttl +
+-- two partition widths), moves the live records found in DEFAULT into them,
+-- deletes the expired ones found there, and drops every partition whose
+-- range has ended: all of its records have expired.
+--
+-- Logical replication.  Every change to a live record goes through tables a
+-- publication of idempotency.records publishes: records moved out of DEFAULT
+-- are deleted there, kept in a temporary table while their new partition is
+-- attached (ATTACH refuses while DEFAULT still holds rows of its range), and
+-- inserted again through idempotency.records, so a subscriber sees a delete
+-- and an insert in one transaction.  Each new partition gets a unique index
+-- on (scope, key, expires_at) as its replica identity before it is attached.
+-- Dropping a partition whose range has ended removes only expired records
+-- and is not replicated; a subscriber's own maintenance drops its copy.
+--
+-- Locking.  When there is nothing to do it takes no lock at all.  Otherwise
+-- it takes one ACCESS EXCLUSIVE lock on records (DROP of a partition and
+-- ATTACH need that or close to it anyway), waiting at most
+-- idempotency.maintenance_lock_timeout, then plans again under the lock and
+-- does all the work.  Taking the one lock up front, rather than one per
+-- step, means maintenance never waits while holding a lock that application
+-- sessions wait for: a lock cycle with idem_acquire cannot form, and traffic
+-- waits at most maintenance_lock_timeout plus the run's own few
+-- milliseconds.  If the lock cannot be had in time, it logs that and leaves
+-- the work to its next run.  Concurrent runs serialize on the same lock.
+--
+CREATE FUNCTION idempotency.maintain_partitions()
+RETURNS TABLE (partitions_created int, partitions_dropped int)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+    settings    record := idempotency.maintenance_settings();
+    step        interval := settings.partition_interval;
+    step_secs   double precision := extract(epoch FROM settings.partition_interval);
+    lock_wait   text := settings.lock_timeout_ms || 'ms';
+    now_ts      timestamptz;
+    horizon     timestamptz;
+    last_end    timestamptz;
+    slot_start  timestamptz;
+    part        regclass;
+    part_name   text;
+    moving      boolean := false;
+    created     int := 0;
+    dropped     int := 0;
+    worked      boolean := false;
+BEGIN
+    -- the function's SET clause confines this to the function
+    PERFORM set_config('lock_timeout', lock_wait, true);
+
+    FOR attempt IN 1..2 LOOP
+        -- attempt 1 plans without a lock; attempt 2 again under the lock
+        -- No claim can expire after now + max_ttl.  A row beyond the
+        -- horizon (written by hand, or from before max_ttl was lowered)
+        -- stays in DEFAULT, where lookups still find it: following it with
+        -- partitions could mean thousands of them under an exclusive lock.
+        now_ts := clock_timestamp();
+        horizon := now_ts + settings.max_ttl + 2 * step;
+        SELECT max(p.range_end) INTO last_end
+          FROM idempotency.partitions p WHERE NOT p.is_default;
+
+        EXIT WHEN attempt = 1
+              AND last_end >= horizon
+              AND NOT EXISTS (SELECT FROM idempotency.partitions p
+                               WHERE NOT p.is_default AND p.range_end <= now_ts)
+              AND NOT EXISTS (SELECT FROM idempotency.records_default d
+                               WHERE d.expires_at < horizon);
+
+        IF attempt = 1 THEN
+            BEGIN
+                LOCK TABLE idempotency.records IN ACCESS EXCLUSIVE MODE;
+            EXCEPTION WHEN lock_not_available THEN
+                RAISE LOG 'idempotency maintenance could not lock table "idempotency.records" within %, leaving the work to its next run',
+                    lock_wait;
+                EXIT;
+            END;
+            CONTINUE;
+        END IF;
+
+        -- Under the lock.  Expired records in DEFAULT go now; live ones are
+        -- moved below into the partitions made for them.
+        worked := true;
+        DELETE FROM idempotency.records_default d WHERE d.expires_at <= now_ts;
+
+        -- New slots continue from the last partition, or start at the
+        -- current slot, aligned to the epoch, if that has passed.
+        slot_start := to_timestamp(floor(extract(epoch FROM now_ts) / step_secs) * step_secs);
+        IF last_end IS NOT NULL AND last_end > slot_start THEN
+            slot_start := last_end;
+        END IF;
+
+        -- Live records in DEFAULT that the new partitions will cover wait in
+        -- a temporary table while those are attached (see above).
+        IF slot_start < horizon
+           AND EXISTS (SELECT FROM idempotency.records_default d
+                        WHERE d.expires_at < horizon) THEN
+            moving := true;
+            CREATE TEMPORARY TABLE idem_maintain_moving
+                (LIKE idempotency.records) ON COMMIT DROP;
+        END IF;
+
+        WHILE slot_start < horizon LOOP
+            part_name := 'records_p'
+                || to_char(slot_start AT TIME ZONE 'UTC', 'YYYYMMDD"_"HH24MISS');
+            EXECUTE format('CREATE TABLE idempotency.%I'
+                           ' (LIKE idempotency.records INCLUDING DEFAULTS INCLUDING CONSTRAINTS,'
+                           '  CHECK (expires_at >= %L AND expires_at < %L))',
+                           part_name, slot_start, slot_start + step);
+            part := format('idempotency.%I', part_name)::regclass;
+            EXECUTE format('CREATE UNIQUE INDEX %I ON %s (scope, key, expires_at)',
+                           part_name || '_key', part);
+            EXECUTE format('ALTER TABLE %s REPLICA IDENTITY USING INDEX %I',
+                           part, part_name || '_key');
+            IF moving THEN
+                EXECUTE format('WITH moved AS (DELETE FROM idempotency.records_default d'
+                               ' WHERE d.expires_at >= %L'
+                               ' AND d.expires_at < %L RETURNING d.*)'
+                               ' INSERT INTO pg_temp.idem_maintain_moving SELECT * FROM moved',
+                               slot_start, slot_start + step);
+            END IF;
+            EXECUTE format('ALTER TABLE idempotency.records ATTACH PARTITION %s'
+                           ' FOR VALUES FROM (%L) TO (%L)',
+                           part, slot_start, slot_start + step);
+            created := created + 1;
+            slot_start := slot_start + step;
+        END LOOP;
+
+        IF moving THEN
+            INSERT INTO idempotency.records SELECT * FROM pg_temp.idem_maintain_moving;
+            DROP TABLE pg_temp.idem_maintain_moving;
+        END IF;
+
+        FOR part IN SELECT p.partition FROM idempotency.partitions p
+                     WHERE NOT p.is_default AND p.range_end <= now_ts
+                     ORDER BY p.range_end
+        LOOP
+            EXECUTE format('DROP TABLE %s', part);
+            dropped := dropped + 1;
+        END LOOP;
+    END LOOP;
+
+    IF worked AND EXISTS (SELECT FROM idempotency.records_default d
+                           WHERE d.expires_at >= horizon) THEN
+        RAISE WARNING 'idempotency.records_default holds records that expire after now + idempotency.max_ttl'
+            USING HINT = 'They stay in the DEFAULT partition, where they are still found; no claim made through idem_acquire expires that late.';
+    END IF;
+    IF created > 0 OR dropped > 0 THEN
+        RAISE LOG 'idempotency maintenance created % and dropped % partitions of "idempotency.records"',
+            created, dropped;
+    END IF;
+    partitions_created := created;
+    partitions_dropped := dropped;
+    RETURN NEXT;
+END
+$$;
+
+--
+-- idem_schedule_maintenance(schedule) / idem_unschedule_maintenance()
+--
+-- One pg_cron job per database, named 'idempotency-maintenance:<database>',
+-- running idem_maintain() in this database.  pg_cron is optional: it is
+-- looked for at run time, and only in the database it lives in
+-- (cron.database_name) can jobs be scheduled.
+--
+-- cron_check(schedule): raise 55000 with the right hint unless pg_cron can
+-- be used from here; schedule NULL means the caller wants to unschedule.
+CREATE FUNCTION idempotency.cron_check(schedule text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    cron_db     text := current_setting('cron.database_name', true);
+BEGIN
+    IF cron_db IS NULL THEN
+        RAISE EXCEPTION 'pg_cron is not loaded'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Install pg_cron (Debian: apt-get install postgresql-15-cron), add pg_cron to shared_preload_libraries, set cron.database_name, restart the server and run CREATE EXTENSION pg_cron in that database.';
+    END IF;
+    IF cron_db IS DISTINCT FROM current_database() THEN
+        RAISE EXCEPTION 'pg_cron lives in database "%", not in "%"', cron_db, current_database()
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = CASE WHEN schedule IS NULL THEN
+                             format('Connect to database %s and run: SELECT cron.unschedule(%L);',
+                                    quote_ident(cron_db),
+                                    'idempotency-maintenance:' || current_database())
+                         ELSE
+                             format('Connect to database %s and run: SELECT cron.schedule_in_database(%L, %L, %L, %L);',
+                                    quote_ident(cron_db),
+                                    'idempotency-maintenance:' || current_database(),
+                                    schedule,
+                                    'SELECT idempotency.idem_maintain()',
+                                    current_database())
+                         END;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'pg_cron') THEN
+        RAISE EXCEPTION 'extension "pg_cron" is not installed in database "%"', current_database()
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Run CREATE EXTENSION pg_cron in this database.';
+    END IF;
+END
+$$;
+
+--
+-- idem_schedule_maintenance, again: a job whose runs fail (pg_cron could not
+-- connect, say: it connects to cron.host over TCP, which Debian's default
+-- pg_hba.conf refuses without a password) is otherwise silent, and
+-- maintenance never runs.  So it now warns when any of the last five runs
+-- of this database's job failed.  And since pg_cron keeps the cron.host a
+-- job was scheduled with, a job whose host is no longer cron.host is
+-- scheduled anew, so that calling it again after fixing cron.host fixes
+-- the job too.
+--
+CREATE FUNCTION idempotency.idem_schedule_maintenance(schedule text DEFAULT '*/10 * * * *')
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    job_name    text := 'idempotency-maintenance:' || current_database();
+    failed      bigint;
+    runs        bigint;
+    last_error  text;
+BEGIN
+    IF schedule IS NULL THEN
+        RAISE EXCEPTION 'schedule must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM idempotency.cron_check(schedule);
+    IF to_regclass('cron.job_run_details') IS NOT NULL THEN
+        SELECT count(*) FILTER (WHERE r.status = 'failed'), count(*),
+               (array_agg(r.return_message ORDER BY r.runid DESC)
+                    FILTER (WHERE r.status = 'failed'))[1]
+          INTO failed, runs, last_error
+          FROM (SELECT d.runid, d.status, d.return_message
+                  FROM cron.job j
+                  JOIN cron.job_run_details d ON d.jobid = j.jobid
+                 WHERE j.jobname = job_name AND j.username = current_user
+                 ORDER BY d.runid DESC
+                 LIMIT 5) r;
+        IF failed > 0 THEN
+            RAISE WARNING '% of the last % runs of pg_cron job "%" failed: %',
+                          failed, runs, job_name, coalesce(last_error, '(no message)')
+                USING HINT = 'pg_cron connects to cron.host (default localhost) over TCP, which Debian''s default pg_hba.conf refuses without a password: set cron.host to the socket directory (Debian: ''/var/run/postgresql'') or cron.use_background_workers = on, restart the server, then call idem_schedule_maintenance again.  SELECT * FROM cron.job_run_details shows every run.';
+        END IF;
+    END IF;
+    IF EXISTS (SELECT FROM cron.job j
+                WHERE j.jobname = job_name AND j.username = current_user
+                  AND j.nodename IS DISTINCT FROM current_setting('cron.host', true)) THEN
+        PERFORM cron.unschedule(job_name);
+    END IF;
+    -- pg_cron replaces the job of the same name and user
+    RETURN cron.schedule_in_database(job_name, schedule,
+                                     'SELECT idempotency.idem_maintain()',
+                                     current_database());
+END
+$$;
+
+
+CREATE FUNCTION idempotency.idem_unschedule_maintenance()
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM idempotency.cron_check(NULL);
+    IF NOT EXISTS (SELECT FROM cron.job j
+                    WHERE j.jobname = 'idempotency-maintenance:' || current_database()
+                      AND j.username = current_user) THEN
+        RETURN false;
+    END IF;
+    RETURN cron.unschedule('idempotency-maintenance:' || current_database());
+END
+$$;
+
+REVOKE ALL ON FUNCTION idempotency.maintenance_settings() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.maintain_partitions() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.cron_check(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_schedule_maintenance(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_unschedule_maintenance() FROM PUBLIC;
+
+-- The partitions for the coming period.  The C functions above are created
+-- first, so the library is loaded and the settings are known.  The dated
+-- partitions are then released from the extension, as those that
+-- maintenance makes later are: maintenance must be able to drop them, and
+-- pg_dump must dump their rows.  maintain_partitions() rather than
+-- idem_maintain(), which would also take a first sample of the statistics
+-- into idempotency.daily_base (a 1.0 install did not), and before the
+-- filter trigger is made, as in a database updated from 1.0: the trigger
+-- reaches these partitions the way it reaches those.
+SELECT idempotency.maintain_partitions();
+
+DO $$
+DECLARE
+    part regclass;
+BEGIN
+    FOR part IN SELECT p.partition FROM idempotency.partitions p WHERE NOT p.is_default LOOP
+        EXECUTE format('ALTER EXTENSION idempotency DROP TABLE %s', part);
+    END LOOP;
+END
+$$;
+
+--
+-- Statistics, kept in shared memory when the library is preloaded
+-- (shared_preload_libraries); otherwise these raise 55000 with a hint.
+--
+CREATE FUNCTION idempotency.idem_stats(
+    OUT datname                 name,
+    OUT acquired                bigint,
+    OUT taken_over              bigint,
+    OUT replayed                bigint,
+    OUT mismatched              bigint,
+    OUT in_progress             bigint,
+    OUT completed               bigint,
+    OUT released                bigint,
+    OUT waits                   bigint,
+    OUT wait_time               double precision,
+    OUT tokens_issued           bigint,
+    OUT tokens_consumed         bigint,
+    OUT acquire_duration_sum    double precision,
+    OUT acquire_duration_count  bigint,
+    OUT stats_reset             timestamptz,
+    OUT forgotten               bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_stats_1_2'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION idempotency.idem_acquire_histogram(
+    OUT datname name,
+    OUT le      double precision,
+    OUT count   bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_acquire_histogram'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION idempotency.idem_stats_reset()
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'idem_stats_reset'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency.idem_stats_enabled()
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_stats_enabled'
+LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+-- The seed's counters, one row per database (wait_time in milliseconds)
+CREATE VIEW idempotency.stats AS
+SELECT s.datname, s.acquired, s.taken_over, s.replayed, s.mismatched,
+       s.in_progress, s.completed, s.released, s.waits, s.wait_time,
+       s.tokens_issued, s.tokens_consumed, s.stats_reset, s.forgotten
+  FROM idempotency.idem_stats() s;
+
+COMMENT ON VIEW idempotency.stats IS
+    'what idem_* calls answered, per database, since stats_reset';
+
+-- The cumulative histogram of idem_acquire's duration (le in seconds)
+CREATE VIEW idempotency.acquire_duration AS
+SELECT h.datname, h.le, h.count
+  FROM idempotency.idem_acquire_histogram() h;
+
+COMMENT ON VIEW idempotency.acquire_duration IS
+    'cumulative histogram of idem_acquire duration per database, Prometheus style';
+
+--
+-- idempotency.stale_claims: live processing claims whose lease has run out
+-- or whose session-bound owner is gone, for an operator to review (the
+-- next idem_acquire of the key takes them over).  It reads every live
+-- partition: no index serves it, so that completions stay HOT updates.  A
+-- security barrier: a reader's own conditions never see the rows it leaves
+-- out (completed records, tokens).
+--
+CREATE FUNCTION idempotency.owner_alive(owner_pid int, owner_start timestamptz)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_owner_alive_sql'
+LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+
+CREATE VIEW idempotency.stale_claims WITH (security_barrier) AS
+SELECT r.scope, r.key, r.attempt, r.created_at, r.locked_until, r.expires_at,
+       r.owner_pid,
+       CASE WHEN r.owner_pid IS NULL THEN 'lease expired'
+            ELSE 'owner gone' END AS reason,
+       r.trace AS origin_trace
+  FROM idempotency.records r
+ WHERE r.status OPERATOR(pg_catalog.=) 'processing'
+   AND NOT r.is_token
+   AND r.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
+   AND CASE WHEN r.owner_pid IS NULL
+            THEN r.locked_until OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()
+            ELSE NOT idempotency.owner_alive(r.owner_pid, r.owner_start) END;
+
+COMMENT ON VIEW idempotency.stale_claims IS
+    'live processing claims whose lease ran out or whose owner session is gone';
+
+--
+-- Daily reconciliation: idem_maintain() adds each UTC day's increase of
+-- this database's counters to idempotency.daily, kept for
+-- idempotency.stats_retention.  daily_base holds the counters as last
+-- seen; a counter that went down (a server crash, idem_stats_reset) starts
+-- a new base, so no negative increase is ever written.
+--
+CREATE TABLE idempotency.daily (
+    day             date NOT NULL,
+    datname         name NOT NULL,
+    acquired        bigint NOT NULL DEFAULT 0,
+    taken_over      bigint NOT NULL DEFAULT 0,
+    replayed        bigint NOT NULL DEFAULT 0,
+    mismatched      bigint NOT NULL DEFAULT 0,
+    in_progress     bigint NOT NULL DEFAULT 0,
+    completed       bigint NOT NULL DEFAULT 0,
+    released        bigint NOT NULL DEFAULT 0,
+    waits           bigint NOT NULL DEFAULT 0,
+    wait_time       double precision NOT NULL DEFAULT 0,
+    tokens_issued   bigint NOT NULL DEFAULT 0,
+    tokens_consumed bigint NOT NULL DEFAULT 0,
+    acquire_count   bigint NOT NULL DEFAULT 0,
+    acquire_time    double precision NOT NULL DEFAULT 0,
+    PRIMARY KEY (day, datname)
+);
+
+COMMENT ON TABLE idempotency.daily IS
+    'increase of the statistics per UTC day and database, written by idem_maintain()';
+
+SELECT pg_catalog.pg_extension_config_dump('idempotency.daily', '');
+
+CREATE TABLE idempotency.daily_base (
+    datname         name PRIMARY KEY,
+    stats_reset     timestamptz NOT NULL,
+    sampled_at      timestamptz NOT NULL,
+    acquired        bigint NOT NULL,
+    taken_over      bigint NOT NULL,
+    replayed        bigint NOT NULL,
+    mismatched      bigint NOT NULL,
+    in_progress     bigint NOT NULL,
+    completed       bigint NOT NULL,
+    released        bigint NOT NULL,
+    waits           bigint NOT NULL,
+    wait_time       double precision NOT NULL,
+    tokens_issued   bigint NOT NULL,
+    tokens_consumed bigint NOT NULL,
+    acquire_count   bigint NOT NULL,
+    acquire_time    double precision NOT NULL
+);
+
+COMMENT ON TABLE idempotency.daily_base IS
+    'the statistics as idem_maintain() last saw them (the base of the next increase)';
+
+--
+-- record_daily(): the reconciliation step of idem_maintain().  Nothing to
+-- record without statistics (old days still go).  Concurrent runs take
+-- turns on daily_base, so no increase is counted twice; a run that cannot
+-- have it within idempotency.maintenance_lock_timeout leaves the increase
+-- to the next run.
+--
+CREATE FUNCTION idempotency.record_daily()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+    cur         record;
+    last        idempotency.daily_base;
+    fresh       boolean;
+    -- first: calling it loads the library, which defines the settings
+    settings    record := idempotency.maintenance_settings();
+    today       date := (clock_timestamp() AT TIME ZONE 'UTC')::date;
+    retention   interval := current_setting('idempotency.stats_retention')::interval;
+BEGIN
+    DELETE FROM idempotency.daily d WHERE d.day <= today - retention;
+    IF NOT idempotency.idem_stats_enabled() THEN
+        RETURN;
+    END IF;
+
+    PERFORM set_config('lock_timeout', settings.lock_timeout_ms || 'ms', true);
+    BEGIN
+        LOCK TABLE idempotency.daily_base IN SHARE ROW EXCLUSIVE MODE;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE LOG 'idempotency maintenance could not lock table "idempotency.daily_base", leaving the daily statistics to its next run';
+        RETURN;
+    END;
+    SELECT * INTO cur FROM idempotency.idem_stats() s
+     WHERE s.datname = current_database();
+    IF FOUND THEN
+        SELECT * INTO last FROM idempotency.daily_base b
+         WHERE b.datname = current_database();
+        -- a new base after a reset or a restart that lost the counters
+        fresh := last.datname IS NULL
+              OR last.stats_reset IS DISTINCT FROM cur.stats_reset
+              OR cur.acquired < last.acquired OR cur.taken_over < last.taken_over
+              OR cur.replayed < last.replayed OR cur.mismatched < last.mismatched
+              OR cur.in_progress < last.in_progress OR cur.completed < last.completed
+              OR cur.released < last.released OR cur.waits < last.waits
+              OR cur.wait_time < last.wait_time
+              OR cur.tokens_issued < last.tokens_issued
+              OR cur.tokens_consumed < last.tokens_consumed
+              OR cur.acquire_duration_count < last.acquire_count
+              OR cur.acquire_duration_sum < last.acquire_time;
+        IF fresh THEN
+            last := ROW(current_database(), cur.stats_reset, clock_timestamp(),
+                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        END IF;
+
+        INSERT INTO idempotency.daily AS d
+               (day, datname, acquired, taken_over, replayed, mismatched,
+                in_progress, completed, released, waits, wait_time,
+                tokens_issued, tokens_consumed, acquire_count, acquire_time)
+        VALUES (today, current_database(),
+                cur.acquired - last.acquired, cur.taken_over - last.taken_over,
+                cur.replayed - last.replayed, cur.mismatched - last.mismatched,
+                cur.in_progress - last.in_progress, cur.completed - last.completed,
+                cur.released - last.released, cur.waits - last.waits,
+                cur.wait_time - last.wait_time,
+                cur.tokens_issued - last.tokens_issued,
+                cur.tokens_consumed - last.tokens_consumed,
+                cur.acquire_duration_count - last.acquire_count,
+                cur.acquire_duration_sum - last.acquire_time)
+        ON CONFLICT (day, datname) DO UPDATE SET
+            acquired = d.acquired + excluded.acquired,
+            taken_over = d.taken_over + excluded.taken_over,
+            replayed = d.replayed + excluded.replayed,
+            mismatched = d.mismatched + excluded.mismatched,
+            in_progress = d.in_progress + excluded.in_progress,
+            completed = d.completed + excluded.completed,
+            released = d.released + excluded.released,
+            waits = d.waits + excluded.waits,
+            wait_time = d.wait_time + excluded.wait_time,
+            tokens_issued = d.tokens_issued + excluded.tokens_issued,
+            tokens_consumed = d.tokens_consumed + excluded.tokens_consumed,
+            acquire_count = d.acquire_count + excluded.acquire_count,
+            acquire_time = d.acquire_time + excluded.acquire_time;
+
+        INSERT INTO idempotency.daily_base AS b
+        VALUES (current_database(), cur.stats_reset, clock_timestamp(),
+                cur.acquired, cur.taken_over, cur.replayed, cur.mismatched,
+                cur.in_progress, cur.completed, cur.released, cur.waits,
+                cur.wait_time, cur.tokens_issued, cur.tokens_consumed,
+                cur.acquire_duration_count, cur.acquire_duration_sum)
+        ON CONFLICT (datname) DO UPDATE SET
+            stats_reset = excluded.stats_reset,
+            sampled_at = excluded.sampled_at,
+            acquired = excluded.acquired, taken_over = excluded.taken_over,
+            replayed = excluded.replayed, mismatched = excluded.mismatched,
+            in_progress = excluded.in_progress, completed = excluded.completed,
+            released = excluded.released, waits = excluded.waits,
+            wait_time = excluded.wait_time,
+            tokens_issued = excluded.tokens_issued,
+            tokens_consumed = excluded.tokens_consumed,
+            acquire_count = excluded.acquire_count,
+            acquire_time = excluded.acquire_time;
+    END IF;
+END
+$$;
+
+--
+-- Known-absent filters (with the library preloaded and idempotency.filters
+-- above zero; see filter.c): a filter per live partition in shared memory
+-- lets idem_acquire rule a new key out of a partition without descending
+-- its index.  Every insert must add its key to the filter first: the C
+-- path does so itself, every other path (SQL INSERT, COPY, UPDATE, logical
+-- replication apply) through this trigger.  It is named to fire last among
+-- the BEFORE ROW triggers (a later one could change the key; the trigger
+-- checks and invalidates the filter if one does) and is ENABLE ALWAYS, so
+-- that it also fires where session_replication_role is replica.  Cloned to
+-- every partition, those maintenance attaches later included.
+--
+CREATE FUNCTION idempotency.records_note_key()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_records_note_key'
+LANGUAGE C;
+
+CREATE TRIGGER zz_records_filter
+    BEFORE INSERT OR UPDATE ON idempotency.records
+    FOR EACH ROW EXECUTE FUNCTION idempotency.records_note_key();
+
+ALTER TABLE idempotency.records ENABLE ALWAYS TRIGGER zz_records_filter;
+
+CREATE FUNCTION idempotency.build_filters(max_wait interval DEFAULT NULL)
+RETURNS int
+AS 'MODULE_PATHNAME', 'idem_build_filters'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency.idem_filters(
+    OUT partition       regclass,
+    OUT state           text,
+    OUT size_bytes      bigint,
+    OUT bits_set        bigint,
+    OUT estimated_keys  bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_filters_sql'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+
+--
+-- idem_maintain(): the daily reconciliation, the filters' builds, then the
+-- partition work.
+-- The partition work is idempotency.maintain_partitions() (above); this
+-- one runs record_daily() and build_filters() first, so that the ACCESS
+-- EXCLUSIVE lock partition work takes is held for no longer than before
+-- (a build scans whole partitions; it takes only SHARE UPDATE EXCLUSIVE on
+-- each, which acquires do not wait for).  Each runs in a subtransaction,
+-- so that its failure (a role without rights to the statistics, say) never
+-- keeps the partitions from being made and dropped: it is a WARNING.  The
+-- partitions made here get their filters at the next run.  The pg_cron job
+-- calls idem_maintain() by name.
+--
+-- Then, before the partition work, the filter trigger is put back to
+-- ENABLE ALWAYS where something left it plain ENABLE (the state ALTER TABLE ... ENABLE TRIGGER ALL gives
+-- it, which pg_restore --disable-triggers runs): builds refuse such a
+-- partition, since the trigger would not fire for logical replication's
+-- apply.  Only where the trigger is otherwise the extension's own (its
+-- function, BEFORE INSERT OR UPDATE FOR EACH ROW, no WHEN, no columns), one
+-- table at a time with ONLY (the parent's state is what new partitions
+-- copy), the parent last, each within maintenance_lock_timeout (its SHARE
+-- ROW EXCLUSIVE lock, held to the end of the run, keeps claims out of that
+-- table meanwhile); the next run builds the filters.  Before the partition
+-- work, so that no lock is waited for while ACCESS EXCLUSIVE is held.
+-- A trigger disabled, ENABLE REPLICA, changed or missing is left alone and
+-- named in a WARNING, which the server log keeps.
+--
+
+CREATE FUNCTION idempotency.idem_maintain()
+RETURNS TABLE (partitions_created int, partitions_dropped int)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    rel         pg_catalog.regclass;
+    trig_state  "char";
+    intact      boolean;
+    lock_wait   text;
+BEGIN
+    BEGIN
+        PERFORM idempotency.record_daily();
+    EXCEPTION WHEN OTHERS THEN
+        RAISE WARNING 'idempotency maintenance could not record the daily statistics: %', SQLERRM
+            USING ERRCODE = SQLSTATE;
+    END;
+    IF pg_catalog.current_setting('idempotency.filters', true)
+       OPERATOR(pg_catalog.<>) '0' THEN
+        BEGIN
+            PERFORM idempotency.build_filters(pg_catalog.make_interval(
+                secs => (idempotency.maintenance_settings()).lock_timeout_ms
+                        OPERATOR(pg_catalog./) 1000.0));
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'idempotency maintenance could not build the filters: %', SQLERRM
+                USING ERRCODE = SQLSTATE;
+        END;
+        lock_wait := pg_catalog.current_setting('lock_timeout');
+        BEGIN
+            PERFORM pg_catalog.set_config('lock_timeout',
+                (idempotency.maintenance_settings()).lock_timeout_ms OPERATOR(pg_catalog.||) 'ms',
+                true);
+            FOR rel, trig_state, intact IN
+                SELECT c.oid::pg_catalog.regclass, t.tgenabled,
+                       t.tgfoid OPERATOR(pg_catalog.=)
+                           'idempotency.records_note_key()'::pg_catalog.regprocedure
+                       AND t.tgtype OPERATOR(pg_catalog.=) 23
+                       AND t.tgqual IS NULL
+                       AND t.tgnargs OPERATOR(pg_catalog.=) 0
+                       AND pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) OPERATOR(pg_catalog.=) 0
+                  FROM pg_catalog.pg_class c
+                  LEFT JOIN pg_catalog.pg_trigger t
+                    ON t.tgrelid OPERATOR(pg_catalog.=) c.oid
+                   AND t.tgname OPERATOR(pg_catalog.=) 'zz_records_filter'
+                 WHERE (c.oid OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass
+                        OR c.oid IN (SELECT p.partition FROM idempotency.partitions p))
+                   AND t.tgenabled IS DISTINCT FROM 'A'
+                 ORDER BY c.oid OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass, c.oid
+            LOOP
+                IF intact AND trig_state OPERATOR(pg_catalog.=) 'O' THEN
+                    BEGIN
+                        EXECUTE pg_catalog.format(
+                            'ALTER TABLE ONLY %s ENABLE ALWAYS TRIGGER zz_records_filter', rel);
+                        RAISE LOG 'idempotency maintenance set trigger "zz_records_filter" of table "%" back to ENABLE ALWAYS',
+                            rel;
+                    EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+                        RAISE LOG 'idempotency maintenance could not lock table "%" to set its trigger "zz_records_filter" back to ENABLE ALWAYS, leaving it to its next run',
+                            rel;
+                    END;
+                ELSIF intact THEN
+                    RAISE WARNING 'table "%" has no known-absent filter: its trigger "zz_records_filter" is %',
+                        rel, CASE trig_state WHEN 'D' THEN 'disabled' ELSE 'ENABLE REPLICA' END
+                      USING HINT = pg_catalog.format(
+                          'Once nothing needs it so, run ALTER TABLE ONLY %s ENABLE ALWAYS TRIGGER zz_records_filter;', rel);
+                ELSE
+                    RAISE WARNING 'table "%" has no known-absent filter: its trigger "zz_records_filter" is %',
+                        rel, CASE WHEN trig_state IS NULL THEN 'missing'
+                                  ELSE 'not the one the extension made' END;
+                END IF;
+            END LOOP;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'idempotency maintenance could not check the filter triggers: %', SQLERRM
+                USING ERRCODE = SQLSTATE;
+        END;
+        PERFORM pg_catalog.set_config('lock_timeout', lock_wait, true);
+    END IF;
+    RETURN QUERY SELECT m.partitions_created, m.partitions_dropped
+                   FROM idempotency.maintain_partitions() m;
+END
+$$;
+
+-- Nothing is granted to PUBLIC: README.md says what to grant to whom.
+REVOKE ALL ON FUNCTION idempotency.idem_stats() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_acquire_histogram() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_stats_reset() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_stats_enabled() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.owner_alive(int, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.record_daily() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_maintain() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.records_note_key() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.build_filters(interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_filters() FROM PUBLIC;
