@@ -201,8 +201,8 @@ RESET idempotency.max_ttl;
 CREATE EXTENSION pg_cron;
 GRANT USAGE ON SCHEMA idempotency TO app;
 GRANT EXECUTE ON FUNCTION
-    idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean),
-    idempotency.idem_complete(text, int, jsonb, text, int, uuid),
+    idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean, text),
+    idempotency.idem_complete(text, int, jsonb, text, int, uuid, jsonb),
     idempotency.idem_release(text, text, int, uuid)
     TO app;
 GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.records TO app;
