@@ -15,7 +15,8 @@
 # (scripts/matrix.sh; IDEM_MATRIX=0 leaves it out), and last the Debian
 # packages of 15, 17 and 18, each built and tested installed in a clean
 # root (scripts/packages.sh; IDEM_PKG=0 leaves them out, IDEM_MATRIX=0
-# keeps 15's only).
+# keeps 15's only), and a database moved from 15 to 17 and 18 by dump and
+# restore and by pg_upgrade (scripts/pgup_test.sh; IDEM_PGUP=0 or IDEM_MATRIX=0 leave it out).
 # Exits non-zero if anything fails, after printing the diffs.
 #
 #   bash scripts/test.sh          (as root on Debian 12)
@@ -301,6 +302,30 @@ if [[ $IDEM_PG_MAJOR == 15 && ${IDEM_PKG:-1} != 0 ]]; then
 		failures+=$(cat "$pkg_failures")$'\n'
 	fi
 	rm -f "$pkg_failures"
+fi
+# A database moved from 15 to 17 and 18, by dump and restore and by
+# pg_upgrade (scripts/pgup_test.sh), in the roots the matrix has just made
+# or refreshed: on the host only, so once a run.  A major without a root is
+# counted as skipped.  IDEM_PGUP=0 or IDEM_MATRIX=0 leaves it out.
+if [[ $IDEM_PG_MAJOR == 15 && ${IDEM_PGUP:-1} != 0 && ${IDEM_MATRIX:-1} != 0 ]]; then
+	pgup_out=$(mktemp "${TMPDIR:-/tmp}/idempotency-pgup-out.XXXXXX")
+	pgup_t0=$SECONDS
+	log "moving a database from PostgreSQL 15 to newer majors (scripts/pgup_test.sh)"
+	bash "$REPO_ROOT/scripts/pgup_test.sh" 2>&1 | tee "$pgup_out" || status=1
+	# its closing line; without one, a failure
+	pgup_p=0 pgup_m=1 pgup_s=0
+	pgup_line=$(sed -nE \
+		's/^postgresql upgrade \(dump, pg_upgrade\): ([0-9]+) of ([0-9]+) tests passed, ([0-9]+) skipped\.$/\1 \2 \3/p' \
+		"$pgup_out" | tail -n 1)
+	if [[ -n $pgup_line ]]; then
+		read -r pgup_p pgup_m pgup_s <<<"$pgup_line"
+	fi
+	# one line of its own in the summary: "PostgreSQL 15-to-17,18: ..."
+	echo "15-to-17,18 $pgup_p $((pgup_m - pgup_p)) $pgup_s $((SECONDS - pgup_t0)) dump and pg_upgrade" >>"$results"
+	if grep -q '^not ok' "$pgup_out"; then
+		failures+=$(grep '^not ok' "$pgup_out" | head -n 20 | sed 's/^/[pgup] /')$'\n'
+	fi
+	rm -f "$pgup_out"
 fi
 # One line per major, its results added up in the order they came.
 bymajor=$(awk '
