@@ -141,9 +141,11 @@ run_tap() {
 	# the SQL fixtures the tests share (IdemTest::sql_fixture)
 	mkdir -p "$copy/sql"
 	cp -r "$REPO_ROOT/sql/include" "$copy/sql/"
-	# the monitoring grants t/022_proxy_routers.pl runs as the docs give them
-	mkdir -p "$copy/proxy"
+	# the grants t/020_proxy.pl and t/022_proxy_routers.pl run as the docs
+	# give them
+	mkdir -p "$copy/proxy" "$copy/docs"
 	cp "$REPO_ROOT/README.md" "$copy/"
+	cp "$REPO_ROOT/docs/reference.md" "$copy/docs/"
 	cp "$REPO_ROOT/proxy/README.md" "$copy/proxy/"
 	chown -R postgres "$copy"
 	v10=$(build_old_library v10 "${IDEM_V10_SRC:-}" || true)

@@ -11,7 +11,7 @@
 #     claimed again on its old shard), and then routes by the new layout;
 #   - a router rebuilt from nothing, declared over any one shard, reads
 #     the layout back from the shards and serves at once;
-#   - a monitoring role with exactly the grants README.md (shards) and
+#   - a monitoring role with exactly the grants docs/reference.md (shards) and
 #     proxy/README.md (router) give reads the router's statistics views;
 #   - a shard refuses a claim of a key it does not own, and one from a
 #     router with another layout, with SQLSTATE 55R01.
@@ -191,7 +191,7 @@ is(on($r4, "SELECT outcome, response_body FROM idempotency.idem_acquire('$k', NU
 	'replay|{"once": true}', '(and the key completed after it)');
 
 # ------------------------------------------------------------------
-# Monitoring through a router with exactly the documented grants: README's
+# Monitoring through a router with exactly the documented grants: docs/reference.md's
 # monitoring block on every shard, proxy/README's on the router
 sub doc_block
 {
@@ -203,7 +203,7 @@ sub doc_block
 	$text =~ /\Q$after\E.*?```sql\n(.*?)```/s or die "no block after '$after' in $file";
 	return $1 =~ s/^\\c .*\n//mgr;
 }
-on($_, doc_block('README.md', 'A monitoring role reads the statistics')) for @shards;
+on($_, doc_block('docs/reference.md', 'A monitoring role reads the [statistics]')) for @shards;
 on($r1, doc_block('proxy/README.md', '**Monitoring through the router.**'));
 is( on($r1, q{SET ROLE monitor;
 SELECT count(*) > 0 FROM idempotency.stats;
