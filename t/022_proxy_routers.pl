@@ -203,7 +203,7 @@ sub doc_block
 	$text =~ /\Q$after\E.*?```sql\n(.*?)```/s or die "no block after '$after' in $file";
 	return $1 =~ s/^\\c .*\n//mgr;
 }
-on($_, doc_block('docs/reference.md', 'A monitoring role reads the [statistics]')) for @shards;
+on($_, "CREATE ROLE monitor LOGIN;\n" . doc_block('docs/reference.md', 'A monitoring role reads the [statistics]')) for @shards;
 on($r1, doc_block('proxy/README.md', '**Monitoring through the router.**'));
 is( on($r1, q{SET ROLE monitor;
 SELECT count(*) > 0 FROM idempotency.stats;
