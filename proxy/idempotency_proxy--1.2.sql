@@ -1013,7 +1013,7 @@ CREATE EVENT TRIGGER idempotency_proxy_refuse_idempotency
 -- does not own, or from a router whose layout is not its own, with
 -- SQLSTATE 55R01.  A routed call that gets 55R01 reloads the router's
 -- layout from the shard (cluster_reload()) and runs once more (and, while
--- a growth is being switched, a few times more, for up to 0.3 s).  A growth
+-- a growth is being switched, a few times more, for up to 0.6 s).  A growth
 -- writes the new layout to every shard in two steps (installed, then in
 -- force) and never locks the router's placement against calls: calls in
 -- flight on the old layout are refused by the shards and retried.  The
@@ -1210,7 +1210,7 @@ $$;
 -- lock where it changes it, without waiting: concurrent reloads apply a
 -- layout once, those that come after it take no lock, and one that finds
 -- the row locked by another session's reload does nothing (the routed
--- call tries again, up to 0.3 s).  Caller: the owner of the
+-- call tries again, up to 0.6 s).  Caller: the owner of the
 -- SQL/MED servers (cluster_reload, cluster_create, cluster_grow).
 CREATE FUNCTION idempotency.cluster_apply(version bigint, map text[],
     previous text[], switched_at timestamptz, consult_until timestamptz)
@@ -1248,8 +1248,10 @@ END
 $$;
 
 -- cluster_reload(hash): read the layout from the shard of partition hash
--- (the shard that refused a call with 55R01) and make it this router's,
--- if it is newer.  True when the placement changed.  SECURITY DEFINER: any
+-- (the shard that refused a call) and make it this router's, if it is
+-- newer and in force there (a layout only installed would not let the
+-- call through, and applying it would hold this router's placement
+-- locked for the rest of a call that is bound to wait).  True when the placement changed.  SECURITY DEFINER: any
 -- caller of a routed function may make the router adopt what its shards
 -- say, and nothing else (the layout is never taken from the caller).
 CREATE FUNCTION idempotency.cluster_reload(hash int DEFAULT 0)
@@ -1261,7 +1263,7 @@ DECLARE
     l   record;
 BEGIN
     SELECT g.* INTO l FROM idempotency.px_layout_get(hash) g;
-    IF l.version IS NULL THEN
+    IF l.version IS NULL OR NOT l.active THEN
         RETURN false;
     END IF;
     RETURN idempotency.cluster_apply(l.version, l.map, l.previous_map,
@@ -1353,7 +1355,7 @@ BEGIN
     END IF;
     ttl := COALESCE(ttl, idempotency.router_default('default_ttl', '24h'));
     lease := COALESCE(lease, LEAST(idempotency.router_default('default_lease', '60s'), ttl));
-    FOR i IN 1 .. 7 LOOP
+    FOR i IN 1 .. 8 LOOP
         -- a shard's refusal is a row (outcome 'refused', its reason in
         -- response_body), so that PL/Proxy keeps the connection; a 55R01
         -- raised by a shard is taken the same way
@@ -1373,19 +1375,19 @@ BEGIN
                           DETAIL = msg,
                           HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
             END IF;
-            IF st <> '55R01' OR i = 7 THEN
+            IF st <> '55R01' OR i = 8 THEN
                 RAISE;
             END IF;
             why := NULL;
         END;
-        IF i = 7 THEN
+        IF i = 8 THEN
             RAISE EXCEPTION '%', why->>'message'
                 USING ERRCODE = '55R01', DETAIL = why->>'detail',
                       HINT = 'A growth of the cluster is being switched: retry the call.';
         END IF;
         -- reload and run again at once; refused again, a growth is being
         -- switched (its layout installed on some shards, not yet in force
-        -- on all): wait for it, 10 to 160 ms a time, 0.3 s in all
+        -- on all): wait for it, 10 to 320 ms a time, 0.6 s in all
         IF i > 1 THEN
             PERFORM pg_sleep(0.005 * (2 ^ (i - 1)));
         END IF;
@@ -1408,7 +1410,7 @@ DECLARE
     msg     text;
 BEGIN
     ttl := COALESCE(ttl, idempotency.router_default('default_ttl', '24h'));
-    FOR i IN 1 .. 7 LOOP
+    FOR i IN 1 .. 8 LOOP
         BEGIN
             -- NULL: refused (a row, not an error: the connection is kept)
             t := idempotency.px_owned_token_issue(h, (idempotency.placement()).layout_version, scope, ttl)
@@ -1424,18 +1426,18 @@ BEGIN
                           DETAIL = msg,
                           HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
             END IF;
-            IF st <> '55R01' OR i = 7 THEN
+            IF st <> '55R01' OR i = 8 THEN
                 RAISE;
             END IF;
         END;
-        IF i = 7 THEN
+        IF i = 8 THEN
             RAISE EXCEPTION 'partition % is not owned by its shard under this router''s layout', h
                 USING ERRCODE = '55R01',
                       HINT = 'A growth of the cluster is being switched: retry the call.';
         END IF;
         -- reload and run again at once; refused again, a growth is being
         -- switched (its layout installed on some shards, not yet in force
-        -- on all): wait for it, 10 to 160 ms a time, 0.3 s in all
+        -- on all): wait for it, 10 to 320 ms a time, 0.6 s in all
         IF i > 1 THEN
             PERFORM pg_sleep(0.005 * (2 ^ (i - 1)));
         END IF;
@@ -1822,6 +1824,10 @@ BEGIN
     PERFORM count(*) FROM idempotency.px_layout_activate_all(v);
     DROP USER MAPPING FOR PUBLIC SERVER idempotency_cluster_grow;
     DROP SERVER idempotency_cluster_grow;
+    -- a call that reloaded the layout may be applying it (cluster_apply
+    -- skips a locked placement): wait for it, so that this router has the
+    -- layout when the growth commits, whether that call commits or not
+    PERFORM FROM idempotency.cluster_state FOR UPDATE;
     PERFORM idempotency.cluster_apply(v, map, st.connstrs, switched, until);
     RETURN QUERY SELECT (g.n - 1)::int, map[g.n],
                         st.connstrs[((g.n - 1) & (cardinality(st.connstrs) - 1)) + 1]
