@@ -1281,17 +1281,20 @@ SELECT pg_catalog.pg_extension_config_dump('idempotency.shard_layout', '');
 
 -- shard_key_hash(scope, key): idempotency_proxy's key_hash, computed here
 -- (the shard does not take the router's word for which partition a key
--- is in).
+-- is in).  PL/pgSQL, not SQL: a SQL function with SET is never inlined,
+-- and its body was parsed and planned again on every routed call.
 CREATE FUNCTION idempotency.shard_key_hash(scope text, key text)
 RETURNS int
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-SELECT ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
-            pg_catalog.convert_to(COALESCE($1, ''), 'UTF8')
-            OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea
-            OPERATOR(pg_catalog.||) pg_catalog.convert_to(COALESCE($2, ''), 'UTF8')), 1, 4), 'hex')
-       )::pg_catalog.bit(32)::pg_catalog.int4
+BEGIN
+    RETURN ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
+                pg_catalog.convert_to(COALESCE(scope, ''), 'UTF8')
+                OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea
+                OPERATOR(pg_catalog.||) pg_catalog.convert_to(COALESCE(key, ''), 'UTF8')), 1, 4), 'hex')
+           )::pg_catalog.bit(32)::pg_catalog.int4;
+END
 $$;
 
 -- shard_refusal(layout, hash, fresh): why this shard may not answer a call

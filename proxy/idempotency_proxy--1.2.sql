@@ -1970,3 +1970,37 @@ AS $$
            c.expires_at, c.owner_pid, c.reason
       FROM idempotency.stale_claims c;
 $$;
+
+--
+-- The router's cost (issue 28): key_hash and moved run on every call.  As
+-- SQL functions they are not inlined (key_hash's body is only STABLE,
+-- convert_to; moved's VOLATILE, clock_timestamp), so each call parsed and
+-- planned their bodies again (a fifth of the router backend's CPU, in
+-- perf).  As PL/pgSQL their expressions are planned once a session.  Same
+-- results, same volatility.
+--
+CREATE OR REPLACE FUNCTION idempotency.key_hash(scope text, key text)
+RETURNS int
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    RETURN ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
+                pg_catalog.convert_to(COALESCE(scope, ''), 'UTF8')
+                OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea
+                OPERATOR(pg_catalog.||) pg_catalog.convert_to(COALESCE(key, ''), 'UTF8')), 1, 4), 'hex')
+           )::pg_catalog.bit(32)::pg_catalog.int4;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION idempotency.moved(st idempotency.cluster_state, hash int)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN st.previous IS NOT NULL
+       AND st.consult_until OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
+       AND st.previous[(hash OPERATOR(pg_catalog.&) (pg_catalog.cardinality(st.previous) OPERATOR(pg_catalog.-) 1)) OPERATOR(pg_catalog.+) 1]
+           IS DISTINCT FROM
+           st.connstrs[(hash OPERATOR(pg_catalog.&) (pg_catalog.cardinality(st.connstrs) OPERATOR(pg_catalog.-) 1)) OPERATOR(pg_catalog.+) 1];
+END
+$$;
