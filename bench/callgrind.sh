@@ -183,8 +183,8 @@ for S in "${SETTINGS[@]}"; do
 				a=$(run "${c#ext_}200-f$F" "$c" 200); b=$(run "${c#ext_}1200-f$F" "$c" 1200)
 				echo "$REV stats $S filters $F: $c $(((b - a) / 1000)) instructions a transaction (ext_new $(((n1200 - n200) / 1000)), $(((b - a - n1200 + n200) / 1000)) more)"
 			done
-			a=$(run rephdr200-f$F ext_replay_headers 200 -D rp=h -D nrep=20000)
-			b=$(run rephdr1200-f$F ext_replay_headers 1200 -D rp=h -D nrep=20000)
+			a=$(run "rephdr200-f$F" ext_replay_headers 200 -D rp=h -D nrep=20000)
+			b=$(run "rephdr1200-f$F" ext_replay_headers 1200 -D rp=h -D nrep=20000)
 			echo "$REV stats $S filters $F: ext_replay_headers $(((b - a) / 1000)) instructions a transaction (ext_replay $(((r1200 - r200) / 1000)), $(((b - a - r1200 + r200) / 1000)) more)"
 		fi
 	done
