@@ -46,7 +46,7 @@
 # response_headers), ext_new_checkpoint (one idem_checkpoint between the
 # claim and the completion) against ext_new, and ext_replay_headers (a
 # replay returning the stored headers) against ext_replay.  As root on
-# Debian 12; about 2 minutes a setting (4 with --v12).
+# Debian 12; about 2 minutes a setting, --v12 included.
 set -euo pipefail
 STATS=off
 SPREAD='1 day'
