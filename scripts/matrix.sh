@@ -57,6 +57,7 @@ declare -A MATRIX_SUITE=(
 	[17]="trixie trixie yes"
 	[18]="forky sid no"
 )
+# shellcheck disable=SC2034  # read by mx_main through a nameref
 MATRIX_MAJORS=(17 18)
 
 # --results FILE of the command line (mx_result).
@@ -450,54 +451,68 @@ mx_run_major() {
 	((failed == 0))
 }
 
+# mx_main NAME RUN_MAJOR MAJORS SUITES NEEDS PREFIX [ARG...]: what
+# scripts/NAME.sh does when run, not sourced (this script and packages.sh):
+# read its options (--results FILE, --failures FILE, --help), take ARG...
+# as the majors (default: the array named MAJORS, each of which must have an
+# entry in the associative array named SUITES), run RUN_MAJOR for each, print
+# the "NAME summary" (PREFIX before each of its "PostgreSQL N:" lines), what
+# failed and the totals, and exit 1 if a major failed.  NEEDS says what root
+# is needed for.
+mx_main() {
+	local name=$1 run_major=$2 needs=$5 prefix=$6 major status=0
+	local -n mx_majors=$3 mx_suites=$4
+	shift 6
+	while (($# > 0)); do
+		case $1 in
+			--results)
+				results_file=$2
+				shift 2
+				;;
+			--failures)
+				failures_file=$2
+				shift 2
+				;;
+			-h | --help)
+				sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+				exit 0
+				;;
+			*)
+				break
+				;;
+		esac
+	done
+	if (($# > 0)); then
+		mx_majors=("$@")
+	fi
+	((EUID == 0)) || die "scripts/$name.sh needs root ($needs)"
+	mx_init
+	MX_SUMMARY=$MX_TMP/summary
+	MX_FAILURES=${failures_file:-$MX_TMP/failures}
+	: >"$MX_SUMMARY"
+	for major in "${mx_majors[@]}"; do
+		[[ -n ${mx_suites[$major]:-} ]] || die "no Debian suite known for PostgreSQL $major"
+		"$run_major" "$major" || status=1
+	done
+
+	echo
+	echo "======== $name summary ========"
+	sed "s/^PostgreSQL \([0-9]*\):/${prefix}PostgreSQL \1:/" "$MX_SUMMARY"
+	if [[ -z $failures_file && -s $MX_FAILURES ]]; then
+		echo
+		echo "$WHAT_FAILED"
+		cat "$MX_FAILURES"
+	fi
+	if [[ -z $results_file ]]; then
+		awk '{ p += $3; f += $5; s += $7 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' \
+			"$MX_SUMMARY"
+	fi
+	exit "$status"
+}
+
 # Sourced: the functions only.
 if [[ ${BASH_SOURCE[0]} != "$0" ]]; then
 	return 0
 fi
 
-while (($# > 0)); do
-	case $1 in
-		--results)
-			results_file=$2
-			shift 2
-			;;
-		--failures)
-			failures_file=$2
-			shift 2
-			;;
-		-h | --help)
-			sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
-			exit 0
-			;;
-		*)
-			break
-			;;
-	esac
-done
-if (($# > 0)); then
-	MATRIX_MAJORS=("$@")
-fi
-((EUID == 0)) || die "scripts/matrix.sh needs root (debootstrap, chroot, mount)"
-mx_init
-MX_SUMMARY=$MX_TMP/summary
-MX_FAILURES=${failures_file:-$MX_TMP/failures}
-: >"$MX_SUMMARY"
-status=0
-for major in "${MATRIX_MAJORS[@]}"; do
-	[[ -n ${MATRIX_SUITE[$major]:-} ]] || die "no Debian suite known for PostgreSQL $major"
-	mx_run_major "$major" || status=1
-done
-
-echo
-echo "======== matrix summary ========"
-cat "$MX_SUMMARY"
-if [[ -z $failures_file && -s $MX_FAILURES ]]; then
-	echo
-	echo "$WHAT_FAILED"
-	cat "$MX_FAILURES"
-fi
-if [[ -z $results_file ]]; then
-	awk '{ p += $3; f += $5; s += $7 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' \
-		"$MX_SUMMARY"
-fi
-exit "$status"
+mx_main matrix mx_run_major MATRIX_MAJORS MATRIX_SUITE "debootstrap, chroot, mount" "" "$@"

@@ -56,6 +56,7 @@ declare -A PKG_SUITE=(
 	[17]="${MATRIX_SUITE[17]}"
 	[18]="${MATRIX_SUITE[18]}"
 )
+# shellcheck disable=SC2034  # read by mx_main through a nameref
 PKG_MAJORS=(15 17 18)
 # A clean root is refreshed after a week (the matrix roots: a day), or as
 # soon as the packages were built against a newer postgresql-MAJOR.
@@ -302,51 +303,4 @@ if [[ ${BASH_SOURCE[0]} != "$0" ]]; then
 	return 0
 fi
 
-results_file=
-failures_file=
-while (($# > 0)); do
-	case $1 in
-		--results)
-			results_file=$2
-			shift 2
-			;;
-		--failures)
-			failures_file=$2
-			shift 2
-			;;
-		-h | --help)
-			sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
-			exit 0
-			;;
-		*)
-			break
-			;;
-	esac
-done
-if (($# > 0)); then
-	PKG_MAJORS=("$@")
-fi
-((EUID == 0)) || die "scripts/packages.sh needs root (apt, debootstrap, chroot, mount)"
-mx_init
-MX_SUMMARY=$MX_TMP/summary
-MX_FAILURES=${failures_file:-$MX_TMP/failures}
-: >"$MX_SUMMARY"
-status=0
-for major in "${PKG_MAJORS[@]}"; do
-	[[ -n ${PKG_SUITE[$major]:-} ]] || die "no Debian suite known for PostgreSQL $major"
-	pkg_run_major "$major" || status=1
-done
-
-echo
-echo "======== packages summary ========"
-sed 's/^PostgreSQL \([0-9]*\):/packages, PostgreSQL \1:/' "$MX_SUMMARY"
-if [[ -z $failures_file && -s $MX_FAILURES ]]; then
-	echo
-	echo "$WHAT_FAILED"
-	cat "$MX_FAILURES"
-fi
-if [[ -z $results_file ]]; then
-	awk '{ p += $3; f += $5; s += $7 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' \
-		"$MX_SUMMARY"
-fi
-exit "$status"
+mx_main packages pkg_run_major PKG_MAJORS PKG_SUITE "apt, debootstrap, chroot, mount" "packages, " "$@"
