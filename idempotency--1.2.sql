@@ -1003,7 +1003,8 @@ REVOKE ALL ON FUNCTION idempotency.idem_filters() FROM PUBLIC;
 -- its end, when both are on one page.  So the columns a completion leaves
 -- alone come first, the fixed-width ones (8-byte aligned first, so that no
 -- padding moves) then the variable-width ones written at claim time; then
--- what a completion writes: status, response_status, completed_at,
+-- what a completion writes: locked_until (a completion sets it NULL, here
+-- only: records.c), status, response_status, completed_at,
 -- response_headers (1.2) and response_body last (the widest); then what
 -- checkpoints write while the claim is processing and a completion leaves
 -- as it was, phase and state (1.2), whose bytes are then the common end.
@@ -1042,10 +1043,10 @@ SELECT pg_catalog.string_agg(
                                   ELSE pg_catalog.concat(' DEFAULT ', pg_catalog.pg_get_expr(d.adbin, d.adrelid)) END),
            ', '
            ORDER BY pg_catalog.array_position(
-                        ARRAY['created_at', 'expires_at', 'locked_until', 'owner_start',
+                        ARRAY['created_at', 'expires_at', 'owner_start',
                               'claim', 'attempt', 'owner_pid', 'is_token',
                               'scope', 'key', 'request_hash', 'trace',
-                              'status', 'response_status', 'completed_at',
+                              'locked_until', 'status', 'response_status', 'completed_at',
                               'response_headers', 'response_body',
                               'phase', 'state']::pg_catalog.text[],
                         a.attname::pg_catalog.text) NULLS LAST,
