@@ -1,6 +1,9 @@
 # contrib-style PGXS Makefile for the idempotency extension
 #
 # make && make install        build and install into the pg_config found on PATH
+# make uninstall              remove what make install put there; the router
+#                             (proxy/) is a second extension with its own
+#                             Makefile: make -C proxy install / uninstall
 # make installcheck           pg_regress (sql/) and isolation (specs/) tests,
 #                             each on a server of its own set up by
 #                             regress.conf, then the TAP tests (t/) on
@@ -54,3 +57,10 @@ include $(PGXS)
 # A server built with OpenSSL has the request's SHA-256 computed through
 # libcrypto directly (reqhash.c, idem_sha256), as pgcrypto links it.
 SHLIB_LINK += $(filter -lcrypto, $(LIBS))
+
+# PGXS tracks no header dependencies (only a server configured with
+# --enable-depend does), so a changed idempotency.h or compat.h would leave
+# stale objects behind, built against another layout of the shared structs.
+# Every object and bitcode file depends on both headers: a header change
+# rebuilds them all.  After the include, so that `all` stays the default.
+$(OBJS) $(patsubst %.o,%.bc,$(OBJS)): idempotency.h compat.h

@@ -20,7 +20,8 @@
 -- its end, when both are on one page.  So the columns a completion leaves
 -- alone come first, the fixed-width ones (8-byte aligned first, so that no
 -- padding moves) then the variable-width ones written at claim time; then
--- what a completion writes: status, response_status, completed_at,
+-- what a completion writes: locked_until (a completion sets it NULL, here
+-- only: records.c), status, response_status, completed_at,
 -- response_headers (1.2) and response_body last (the widest); then what
 -- checkpoints write while the claim is processing and a completion leaves
 -- as it was, phase and state (1.2), whose bytes are then the common end.
@@ -59,10 +60,10 @@ SELECT pg_catalog.string_agg(
                                   ELSE pg_catalog.concat(' DEFAULT ', pg_catalog.pg_get_expr(d.adbin, d.adrelid)) END),
            ', '
            ORDER BY pg_catalog.array_position(
-                        ARRAY['created_at', 'expires_at', 'locked_until', 'owner_start',
+                        ARRAY['created_at', 'expires_at', 'owner_start',
                               'claim', 'attempt', 'owner_pid', 'is_token',
                               'scope', 'key', 'request_hash', 'trace',
-                              'status', 'response_status', 'completed_at',
+                              'locked_until', 'status', 'response_status', 'completed_at',
                               'response_headers', 'response_body',
                               'phase', 'state']::pg_catalog.text[],
                         a.attname::pg_catalog.text) NULLS LAST,
@@ -455,6 +456,121 @@ SELECT r.scope, r.key, r.attempt, r.created_at, r.locked_until, r.expires_at,
    AND CASE WHEN r.owner_pid IS NULL
             THEN r.locked_until OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()
             ELSE NOT idempotency.owner_alive(r.owner_pid, r.owner_start) END;
+
+--
+-- The daily reconciliation counts forgotten keys too, as it counts the
+-- other counters: a column at the end of daily and daily_base, 0 for what
+-- was recorded before (no key of this database could be forgotten before
+-- 1.2, so the base of its counter is 0), and record_daily() with it.
+--
+ALTER TABLE idempotency.daily ADD COLUMN forgotten bigint NOT NULL DEFAULT 0;
+ALTER TABLE idempotency.daily_base ADD COLUMN forgotten bigint NOT NULL DEFAULT 0;
+
+CREATE OR REPLACE FUNCTION idempotency.record_daily()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+    cur         record;
+    last        idempotency.daily_base;
+    fresh       boolean;
+    -- first: calling it loads the library, which defines the settings
+    settings    record := idempotency.maintenance_settings();
+    today       date := (clock_timestamp() AT TIME ZONE 'UTC')::date;
+    retention   interval := current_setting('idempotency.stats_retention')::interval;
+BEGIN
+    DELETE FROM idempotency.daily d WHERE d.day <= today - retention;
+    IF NOT idempotency.idem_stats_enabled() THEN
+        RETURN;
+    END IF;
+
+    PERFORM set_config('lock_timeout', settings.lock_timeout_ms || 'ms', true);
+    BEGIN
+        LOCK TABLE idempotency.daily_base IN SHARE ROW EXCLUSIVE MODE;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE LOG 'idempotency maintenance could not lock table "idempotency.daily_base", leaving the daily statistics to its next run';
+        RETURN;
+    END;
+    SELECT * INTO cur FROM idempotency.idem_stats() s
+     WHERE s.datname = current_database();
+    IF FOUND THEN
+        SELECT * INTO last FROM idempotency.daily_base b
+         WHERE b.datname = current_database();
+        -- a new base after a reset or a restart that lost the counters
+        fresh := last.datname IS NULL
+              OR last.stats_reset IS DISTINCT FROM cur.stats_reset
+              OR cur.acquired < last.acquired OR cur.taken_over < last.taken_over
+              OR cur.replayed < last.replayed OR cur.mismatched < last.mismatched
+              OR cur.in_progress < last.in_progress OR cur.completed < last.completed
+              OR cur.released < last.released OR cur.waits < last.waits
+              OR cur.wait_time < last.wait_time
+              OR cur.tokens_issued < last.tokens_issued
+              OR cur.tokens_consumed < last.tokens_consumed
+              OR cur.acquire_duration_count < last.acquire_count
+              OR cur.acquire_duration_sum < last.acquire_time
+              OR cur.forgotten < last.forgotten;
+        IF fresh THEN
+            last := ROW(current_database(), cur.stats_reset, clock_timestamp(),
+                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        END IF;
+
+        INSERT INTO idempotency.daily AS d
+               (day, datname, acquired, taken_over, replayed, mismatched,
+                in_progress, completed, released, waits, wait_time,
+                tokens_issued, tokens_consumed, acquire_count, acquire_time,
+                forgotten)
+        VALUES (today, current_database(),
+                cur.acquired - last.acquired, cur.taken_over - last.taken_over,
+                cur.replayed - last.replayed, cur.mismatched - last.mismatched,
+                cur.in_progress - last.in_progress, cur.completed - last.completed,
+                cur.released - last.released, cur.waits - last.waits,
+                cur.wait_time - last.wait_time,
+                cur.tokens_issued - last.tokens_issued,
+                cur.tokens_consumed - last.tokens_consumed,
+                cur.acquire_duration_count - last.acquire_count,
+                cur.acquire_duration_sum - last.acquire_time,
+                cur.forgotten - last.forgotten)
+        ON CONFLICT (day, datname) DO UPDATE SET
+            acquired = d.acquired + excluded.acquired,
+            taken_over = d.taken_over + excluded.taken_over,
+            replayed = d.replayed + excluded.replayed,
+            mismatched = d.mismatched + excluded.mismatched,
+            in_progress = d.in_progress + excluded.in_progress,
+            completed = d.completed + excluded.completed,
+            released = d.released + excluded.released,
+            waits = d.waits + excluded.waits,
+            wait_time = d.wait_time + excluded.wait_time,
+            tokens_issued = d.tokens_issued + excluded.tokens_issued,
+            tokens_consumed = d.tokens_consumed + excluded.tokens_consumed,
+            acquire_count = d.acquire_count + excluded.acquire_count,
+            acquire_time = d.acquire_time + excluded.acquire_time,
+            forgotten = d.forgotten + excluded.forgotten;
+
+        INSERT INTO idempotency.daily_base AS b
+        VALUES (current_database(), cur.stats_reset, clock_timestamp(),
+                cur.acquired, cur.taken_over, cur.replayed, cur.mismatched,
+                cur.in_progress, cur.completed, cur.released, cur.waits,
+                cur.wait_time, cur.tokens_issued, cur.tokens_consumed,
+                cur.acquire_duration_count, cur.acquire_duration_sum,
+                cur.forgotten)
+        ON CONFLICT (datname) DO UPDATE SET
+            stats_reset = excluded.stats_reset,
+            sampled_at = excluded.sampled_at,
+            acquired = excluded.acquired, taken_over = excluded.taken_over,
+            replayed = excluded.replayed, mismatched = excluded.mismatched,
+            in_progress = excluded.in_progress, completed = excluded.completed,
+            released = excluded.released, waits = excluded.waits,
+            wait_time = excluded.wait_time,
+            tokens_issued = excluded.tokens_issued,
+            tokens_consumed = excluded.tokens_consumed,
+            acquire_count = excluded.acquire_count,
+            acquire_time = excluded.acquire_time,
+            forgotten = excluded.forgotten;
+    END IF;
+END
+$$;
 
 -- Nothing is granted to PUBLIC, as before.
 REVOKE ALL ON FUNCTION idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean, text) FROM PUBLIC;

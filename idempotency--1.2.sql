@@ -663,7 +663,8 @@ COMMENT ON VIEW idempotency.stale_claims IS
 -- this database's counters to idempotency.daily, kept for
 -- idempotency.stats_retention.  daily_base holds the counters as last
 -- seen; a counter that went down (a server crash, idem_stats_reset) starts
--- a new base, so no negative increase is ever written.
+-- a new base, so no negative increase is ever written.  forgotten (1.2) is
+-- last, where the update from 1.1 adds it.
 --
 CREATE TABLE idempotency.daily (
     day             date NOT NULL,
@@ -681,6 +682,7 @@ CREATE TABLE idempotency.daily (
     tokens_consumed bigint NOT NULL DEFAULT 0,
     acquire_count   bigint NOT NULL DEFAULT 0,
     acquire_time    double precision NOT NULL DEFAULT 0,
+    forgotten       bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (day, datname)
 );
 
@@ -705,7 +707,8 @@ CREATE TABLE idempotency.daily_base (
     tokens_issued   bigint NOT NULL,
     tokens_consumed bigint NOT NULL,
     acquire_count   bigint NOT NULL,
-    acquire_time    double precision NOT NULL
+    acquire_time    double precision NOT NULL,
+    forgotten       bigint NOT NULL DEFAULT 0
 );
 
 COMMENT ON TABLE idempotency.daily_base IS
@@ -761,16 +764,18 @@ BEGIN
               OR cur.tokens_issued < last.tokens_issued
               OR cur.tokens_consumed < last.tokens_consumed
               OR cur.acquire_duration_count < last.acquire_count
-              OR cur.acquire_duration_sum < last.acquire_time;
+              OR cur.acquire_duration_sum < last.acquire_time
+              OR cur.forgotten < last.forgotten;
         IF fresh THEN
             last := ROW(current_database(), cur.stats_reset, clock_timestamp(),
-                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
         END IF;
 
         INSERT INTO idempotency.daily AS d
                (day, datname, acquired, taken_over, replayed, mismatched,
                 in_progress, completed, released, waits, wait_time,
-                tokens_issued, tokens_consumed, acquire_count, acquire_time)
+                tokens_issued, tokens_consumed, acquire_count, acquire_time,
+                forgotten)
         VALUES (today, current_database(),
                 cur.acquired - last.acquired, cur.taken_over - last.taken_over,
                 cur.replayed - last.replayed, cur.mismatched - last.mismatched,
@@ -780,7 +785,8 @@ BEGIN
                 cur.tokens_issued - last.tokens_issued,
                 cur.tokens_consumed - last.tokens_consumed,
                 cur.acquire_duration_count - last.acquire_count,
-                cur.acquire_duration_sum - last.acquire_time)
+                cur.acquire_duration_sum - last.acquire_time,
+                cur.forgotten - last.forgotten)
         ON CONFLICT (day, datname) DO UPDATE SET
             acquired = d.acquired + excluded.acquired,
             taken_over = d.taken_over + excluded.taken_over,
@@ -794,14 +800,16 @@ BEGIN
             tokens_issued = d.tokens_issued + excluded.tokens_issued,
             tokens_consumed = d.tokens_consumed + excluded.tokens_consumed,
             acquire_count = d.acquire_count + excluded.acquire_count,
-            acquire_time = d.acquire_time + excluded.acquire_time;
+            acquire_time = d.acquire_time + excluded.acquire_time,
+            forgotten = d.forgotten + excluded.forgotten;
 
         INSERT INTO idempotency.daily_base AS b
         VALUES (current_database(), cur.stats_reset, clock_timestamp(),
                 cur.acquired, cur.taken_over, cur.replayed, cur.mismatched,
                 cur.in_progress, cur.completed, cur.released, cur.waits,
                 cur.wait_time, cur.tokens_issued, cur.tokens_consumed,
-                cur.acquire_duration_count, cur.acquire_duration_sum)
+                cur.acquire_duration_count, cur.acquire_duration_sum,
+                cur.forgotten)
         ON CONFLICT (datname) DO UPDATE SET
             stats_reset = excluded.stats_reset,
             sampled_at = excluded.sampled_at,
@@ -813,7 +821,8 @@ BEGIN
             tokens_issued = excluded.tokens_issued,
             tokens_consumed = excluded.tokens_consumed,
             acquire_count = excluded.acquire_count,
-            acquire_time = excluded.acquire_time;
+            acquire_time = excluded.acquire_time,
+            forgotten = excluded.forgotten;
     END IF;
 END
 $$;
@@ -994,7 +1003,8 @@ REVOKE ALL ON FUNCTION idempotency.idem_filters() FROM PUBLIC;
 -- its end, when both are on one page.  So the columns a completion leaves
 -- alone come first, the fixed-width ones (8-byte aligned first, so that no
 -- padding moves) then the variable-width ones written at claim time; then
--- what a completion writes: status, response_status, completed_at,
+-- what a completion writes: locked_until (a completion sets it NULL, here
+-- only: records.c), status, response_status, completed_at,
 -- response_headers (1.2) and response_body last (the widest); then what
 -- checkpoints write while the claim is processing and a completion leaves
 -- as it was, phase and state (1.2), whose bytes are then the common end.
@@ -1033,10 +1043,10 @@ SELECT pg_catalog.string_agg(
                                   ELSE pg_catalog.concat(' DEFAULT ', pg_catalog.pg_get_expr(d.adbin, d.adrelid)) END),
            ', '
            ORDER BY pg_catalog.array_position(
-                        ARRAY['created_at', 'expires_at', 'locked_until', 'owner_start',
+                        ARRAY['created_at', 'expires_at', 'owner_start',
                               'claim', 'attempt', 'owner_pid', 'is_token',
                               'scope', 'key', 'request_hash', 'trace',
-                              'status', 'response_status', 'completed_at',
+                              'locked_until', 'status', 'response_status', 'completed_at',
                               'response_headers', 'response_body',
                               'phase', 'state']::pg_catalog.text[],
                         a.attname::pg_catalog.text) NULLS LAST,

@@ -1300,6 +1300,34 @@ idem_release_1_1(PG_FUNCTION_ARGS)
 }
 
 /*
+ * Lock the key of (scope, key) and read its record, as idem_lock_claimed,
+ * for the functions that only the holder of a processing claim may call
+ * (idem_extend, idem_checkpoint); then raise their errors, in this order:
+ * no live record (P0002), a given claim that is not the record's (55000,
+ * idem_check_claim), a completed record (P0002, with completed_detail, a
+ * sentence saying why that call needs a processing claim).  Returns with
+ * the key lock (kr->tag) held and kr->rec a live processing record.
+ */
+static void
+idem_lock_processing(IdemKeyRead *kr, Relation parent, text *scope, text *key,
+					 bool check_claim, const pg_uuid_t *claim,
+					 const char *completed_detail)
+{
+	IdemRecord *rec = &kr->rec;
+
+	idem_lock_claimed(kr, parent, scope, key);
+	if (!rec->found)
+		idem_no_record_error(scope, key);
+	idem_check_claim(key, check_claim, claim, rec);
+	if (rec->completed)
+		ereport(ERROR,
+				(errcode(ERRCODE_NO_DATA_FOUND),
+				 errmsg("idempotency key \"%s\" in scope \"%s\" is completed",
+						text_to_cstring(key), text_to_cstring(scope)),
+				 errdetail("%s", completed_detail)));
+}
+
+/*
  * idem_extend(key, scope, claim, lease) returns timestamptz
  *
  * The holder of a processing claim pushes its lease out: locked_until =
@@ -1342,17 +1370,8 @@ idem_extend(PG_FUNCTION_ARGS)
 
 	parent = idem_records_open();
 	idem_require_1_1();
-	idem_lock_claimed(&kr, parent, scope, key);
-
-	if (!rec->found)
-		idem_no_record_error(scope, key);
-	idem_check_claim(key, check_claim, &claim, rec);
-	if (rec->completed)
-		ereport(ERROR,
-				(errcode(ERRCODE_NO_DATA_FOUND),
-				 errmsg("idempotency key \"%s\" in scope \"%s\" is completed",
-						text_to_cstring(key), text_to_cstring(scope)),
-				 errdetail("Only a processing claim has a lease to extend.")));
+	idem_lock_processing(&kr, parent, scope, key, check_claim, &claim,
+						 "Only a processing claim has a lease to extend.");
 
 	if (!rec->owner_null)
 		locked_until = rec->locked_until_null ? rec->expires_at :
@@ -1425,17 +1444,8 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 
 	parent = idem_records_open();
 	idem_require_1_2();
-	idem_lock_claimed(&kr, parent, scope, key);
-
-	if (!rec->found)
-		idem_no_record_error(scope, key);
-	idem_check_claim(key, check_claim, &claim, rec);
-	if (rec->completed)
-		ereport(ERROR,
-				(errcode(ERRCODE_NO_DATA_FOUND),
-				 errmsg("idempotency key \"%s\" in scope \"%s\" is completed",
-						text_to_cstring(key), text_to_cstring(scope)),
-				 errdetail("Only a processing claim records checkpoints.")));
+	idem_lock_processing(&kr, parent, scope, key, check_claim, &claim,
+						 "Only a processing claim records checkpoints.");
 
 	idem_records_checkpoint(parent, rec, &kr.key, phase,
 							PG_ARGISNULL(4) ? (Datum) 0 :

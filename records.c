@@ -132,12 +132,22 @@ static const char *const idem_column_names[IDEM_NCOLUMNS] = {
  * of a database still at 1.0).  Entries go when the relcache entry
  * of the partition is invalidated (an index made or dropped, a column
  * changed, the partition dropped).
+ *
+ * clear_lease: a completion of this partition's records sets locked_until
+ * to NULL.  A completed record has no lease; its 8 bytes are what makes a
+ * sixteenth 300-byte record fit on a page beside the reserve of the
+ * fillfactor (BENCHMARKS.md, issue 30).  Only partitions that 1.2's
+ * make_partition laid out do so: there locked_until comes right before
+ * status, at the start of what a completion writes, so that clearing it
+ * moves none of the bytes the HOT update's WAL leaves out.  Partitions of
+ * the parent's column order keep the lease a completion found, as before.
  */
 typedef struct IdemPartition
 {
 	Oid			relid;			/* hash key */
 	Oid			indexoid;
 	bool		bytewise;		/* index compares scope and key by bytes */
+	bool		clear_lease;	/* a completion sets locked_until NULL */
 	AttrNumber	attnum[IDEM_NCOLUMNS];
 } IdemPartition;
 
@@ -376,6 +386,8 @@ idem_partition_info(Relation rel, IdemPartition *result)
 					 errmsg("partition \"%s\" of \"idempotency.records\" has no column \"%s\"",
 							RelationGetRelationName(rel), idem_column_names[i])));
 	}
+	info.clear_lease = info.attnum[COL_STATUS] > 1 &&
+		info.attnum[COL_LOCKED_UNTIL] == info.attnum[COL_STATUS] - 1;
 	idem_choose_index(rel, &info);
 
 	entry = hash_search(idem_partitions, &relid, HASH_ENTER, &found);
@@ -1497,9 +1509,12 @@ idem_records_insert(Relation parent, const IdemKey *k,
 
 /*
  * Replace the record version rec points at by one with the given columns.
+ * completes: the new version is the record's completion, which clears the
+ * lease where the partition's layout says so (IdemPartition.clear_lease).
  */
 static void
-idem_update(const IdemRecord *rec, const Datum *values, const bool *nulls)
+idem_update(const IdemRecord *rec, const Datum *values, bool *nulls,
+			bool completes)
 {
 	Relation	rel;
 	IdemPartition part;
@@ -1509,6 +1524,8 @@ idem_update(const IdemRecord *rec, const Datum *values, const bool *nulls)
 	rel = table_open(rec->partoid, RowExclusiveLock);
 	CheckCmdReplicaIdentity(rel, CMD_UPDATE);
 	idem_partition_info(rel, &part);
+	if (completes && part.clear_lease)
+		nulls[COL_LOCKED_UNTIL] = true;
 	tuple = idem_form_tuple(rel, &part, values, nulls);
 
 	/*
@@ -1558,7 +1575,7 @@ idem_records_takeover(Relation parent, const IdemRecord *rec,
 		nulls[COL_REQUEST_HASH] = false;
 	}
 	idem_claim_columns(claim, values, nulls);
-	idem_update(rec, values, nulls);
+	idem_update(rec, values, nulls, false);
 }
 
 /*
@@ -1577,7 +1594,7 @@ idem_records_extend(Relation parent, const IdemRecord *rec,
 	idem_record_columns(rec, k, values, nulls);
 	values[COL_LOCKED_UNTIL] = TimestampTzGetDatum(locked_until);
 	nulls[COL_LOCKED_UNTIL] = false;
-	idem_update(rec, values, nulls);
+	idem_update(rec, values, nulls, false);
 }
 
 /*
@@ -1609,7 +1626,7 @@ idem_update_completed(Relation parent, const IdemRecord *rec,
 	}
 	values[COL_COMPLETED_AT] = TimestampTzGetDatum(now);
 	nulls[COL_COMPLETED_AT] = false;
-	idem_update(rec, values, nulls);
+	idem_update(rec, values, nulls, true);
 }
 
 /*
@@ -1645,7 +1662,7 @@ idem_records_checkpoint(Relation parent, const IdemRecord *rec,
 	nulls[COL_PHASE] = false;
 	values[COL_STATE] = state;
 	nulls[COL_STATE] = state_null;
-	idem_update(rec, values, nulls);
+	idem_update(rec, values, nulls, false);
 }
 
 /*

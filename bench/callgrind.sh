@@ -3,7 +3,7 @@
 # ext_replay for one git revision of the extension, counted by callgrind
 #
 #   bash bench/callgrind.sh [--stats off|on|both] [--spread INTERVAL]
-#                           [--filters on|off|both] REV [PORT]
+#                           [--filters on|off|both] [--v12] REV [PORT]
 #
 # Builds REV from a `git archive` copy, installs it into a private copy of
 # the host's PostgreSQL 15 (bench/private_pg.sh, under
@@ -37,16 +37,27 @@
 # on (the default) builds the filters (build_filters()) once the server is
 # up and runs the cases as they are; off runs them with
 # idempotency.use_filters = off; both runs each case both ways on the same
-# server, off first.  As root on Debian 12; about 2 minutes a setting.
+# server, off first.
+#
+# --v12 (versions 1.2 and later): also loads 20,000 completed records
+# whose answer has three response headers (keys md5('h' || i)) and counts
+# 1.2's arguments when used, each beside the same calls without them:
+# ext_new_trace (idem_acquire's trace), ext_new_headers (idem_complete's
+# response_headers), ext_new_checkpoint (one idem_checkpoint between the
+# claim and the completion) against ext_new, and ext_replay_headers (a
+# replay returning the stored headers) against ext_replay.  As root on
+# Debian 12; about 2 minutes a setting, --v12 included.
 set -euo pipefail
 STATS=off
 SPREAD='1 day'
 FILTERS=on
+V12=
 while [[ ${1:-} == --* ]]; do
 	case $1 in
 	--stats) STATS=${2:?}; shift 2 ;;
 	--spread) SPREAD=${2:?}; shift 2 ;;
 	--filters) FILTERS=${2:?}; shift 2 ;;
+	--v12) V12=1; shift ;;
 	*) echo "unknown option: $1" >&2; exit 2 ;;
 	esac
 done
@@ -87,6 +98,20 @@ as_pg "$BIN/pg_ctl" -D "$D" -l "$T/server.log" -o "-k $T/sock" -w start >/dev/nu
 	-c "SELECT 'extension ' || extversion FROM pg_extension WHERE extname = 'idempotency'"
 "$BIN/psql" -qX -d cmp -v from=1 -v to=20000 -v req="$REQ" -v resp="$RESP" \
 	-v spread="$SPREAD" -f "$BENCH_DIR/load_records.sql"
+if [[ -n $V12 ]]; then
+	"$BIN/psql" -qX -d cmp -v ON_ERROR_STOP=1 -v req="$REQ" -v resp="$RESP" -v spread="$SPREAD" <<-'SQL'
+		SET work_mem = '1GB';
+		INSERT INTO idempotency.records (scope, key, status, request_hash, response_status,
+		                                 response_body, response_headers, created_at, completed_at, expires_at)
+		SELECT '', k.key, 'completed', h.hash, 201, :'resp'::jsonb,
+		       '{"location": "/api/payments/7", "etag": "\"pay-7-1\"", "content-type": "application/json; charset=utf-8"}',
+		       now() - interval '1 minute', now() - interval '1 minute',
+		       now() + interval '1 hour' + (k.i % 1000) * (:'spread'::interval / 1000)
+		  FROM (SELECT idempotency.idem_request_hash(:'req'::jsonb) AS hash) h,
+		       (SELECT i, md5('h' || i) COLLATE "C" AS key FROM generate_series(1, 20000) i) k
+		 ORDER BY k.key;
+	SQL
+fi
 "$BIN/psql" -qX -d cmp -c 'VACUUM ANALYZE' -c CHECKPOINT
 stop_server
 
@@ -153,6 +178,15 @@ for S in "${SETTINGS[@]}"; do
 		r200=$(run rep200-f$F ext_replay 200 -D rp=m -D nrep=20000)
 		r1200=$(run rep1200-f$F ext_replay 1200 -D rp=m -D nrep=20000)
 		[[ $F == none ]] || echo "$REV stats $S filters $F: ext_new $(((n1200 - n200) / 1000)), ext_replay $(((r1200 - r200) / 1000)) instructions a transaction"
+		if [[ -n $V12 ]]; then
+			for c in ext_new_trace ext_new_headers ext_new_checkpoint; do
+				a=$(run "${c#ext_}200-f$F" "$c" 200); b=$(run "${c#ext_}1200-f$F" "$c" 1200)
+				echo "$REV stats $S filters $F: $c $(((b - a) / 1000)) instructions a transaction (ext_new $(((n1200 - n200) / 1000)), $(((b - a - n1200 + n200) / 1000)) more)"
+			done
+			a=$(run "rephdr200-f$F" ext_replay_headers 200 -D rp=h -D nrep=20000)
+			b=$(run "rephdr1200-f$F" ext_replay_headers 1200 -D rp=h -D nrep=20000)
+			echo "$REV stats $S filters $F: ext_replay_headers $(((b - a) / 1000)) instructions a transaction (ext_replay $(((r1200 - r200) / 1000)), $(((b - a - r1200 + r200) / 1000)) more)"
+		fi
 	done
 	stop_server
 	NEW[$S]=$(((n1200 - n200) / 1000)) REP[$S]=$(((r1200 - r200) / 1000))

@@ -110,10 +110,26 @@ if [[ $PG_MAJOR != 15 && $IN_ROOT != 1 ]]; then
 	mx_init
 	mx_enter "$PG_MAJOR" || die "no root for PostgreSQL $PG_MAJOR: $(cat "$MX_TMP/reason")"
 	root=$(cat "$MX_TMP/root")
+	# The root starts in / with an empty environment: --ext-sql goes in as a
+	# copy under /build, and the WS_ settings it reads go along.
+	args=()
+	while ((${#ARGS[@]})); do
+		if [[ ${ARGS[0]} == --ext-sql ]]; then ARGS=("${ARGS[@]:2}"); continue; fi
+		args+=("${ARGS[0]}"); ARGS=("${ARGS[@]:1}")
+	done
+	if [[ -n $EXT_SQL ]]; then
+		mkdir -p "$root/build/.ws_ext_sql"
+		cp "$EXT_SQL" "$root/build/.ws_ext_sql/"
+		args+=(--ext-sql "/build/.ws_ext_sql/$(basename "$EXT_SQL")")
+	fi
+	ws_env=()
+	for v in WS_FILLFACTOR WS_ORDER WS_AUTOVACUUM; do
+		if [[ -n ${!v:-} ]]; then ws_env+=("$v=${!v}"); fi
+	done
 	rc=0
 	mx_in_root "$root" IDEM_BENCH_IN_ROOT=1 IDEM_WS_COMMAND="$COMMAND" \
 		IDEM_WS_REV="${IDEM_WS_REV:-$(git -C "$BENCH_DIR/.." log --oneline -1 2>/dev/null)}" \
-		bash /build/bench/wal_storage.sh "${ARGS[@]}" </dev/null || rc=$?
+		"${ws_env[@]}" bash /build/bench/wal_storage.sh "${args[@]}" </dev/null || rc=$?
 	mkdir -p "$BENCH_DIR/results"
 	cp -a "$root/build/bench/results/." "$BENCH_DIR/results/" 2>/dev/null || true
 	mx_leave

@@ -2,13 +2,14 @@
 """examples/http_test.py -- drive an HTTP example with real requests.
 
     http_test.py --name NAME --url http://127.0.0.1:PORT \
-                 [--seed-url http://127.0.0.1:PORT2] DSN
+                 [--seed-url http://127.0.0.1:PORT2] [--log SERVER_LOG] DSN
 
 The server at --url runs the example's endpoints (see examples/gin/main.go)
 over the database DSN, with the default mapping; the one at --seed-url (if
-given) over the same database with the seed's rule (replay 200).  Checks what
-the answers say (status, headers, the bytes of the body) and what the
-database holds (rows counted).  Prints TAP-style lines, then
+given) over the same database with the seed's rule (replay 200).  The one
+at --url runs with fault injection (X-Fault), and writes its log to --log.
+Checks what the answers say (status, headers, the bytes of the body), what
+the database holds (rows counted) and what the server logged.  Prints TAP-style lines, then
 "NAME: N of M tests passed." and exits 1 if any failed.
 """
 
@@ -27,6 +28,7 @@ USER = "42"
 # The scope both examples give POST /api/payments of USER: the user and the
 # route.
 PAYMENTS_SCOPE = "user:%s POST /api/payments" % USER
+CHARGES_SCOPE = "user:%s POST /api/charges" % USER
 
 
 class Answer:
@@ -45,10 +47,10 @@ class Answer:
         return "%d %r %r" % (self.status, self.headers, self.body[:300])
 
 
-def request(url, method, path, body=None, key=None, user=USER, timeout=60):
+def request(url, method, path, body=None, key=None, user=USER, timeout=60, extra=None):
     u = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    headers = {}
+    headers = dict(extra or {})
     if body is not None:
         if not isinstance(body, (bytes, str)):
             body = json.dumps(body)
@@ -65,8 +67,13 @@ def request(url, method, path, body=None, key=None, user=USER, timeout=60):
         conn.close()
 
 
-def post(url, path, body, key=None, user=USER):
-    return request(url, "POST", path, body, key, user)
+def post(url, path, body, key=None, user=USER, extra=None):
+    return request(url, "POST", path, body, key, user, extra=extra)
+
+
+def traceparent():
+    """A new W3C traceparent (version 00, sampled)."""
+    return "00-%s-%s-01" % (uuid.uuid4().hex, uuid.uuid4().hex[:16])
 
 
 def concurrently(n, fn):
@@ -131,6 +138,7 @@ def main():
     ap.add_argument("--name", required=True)
     ap.add_argument("--url", required=True)
     ap.add_argument("--seed-url")
+    ap.add_argument("--log", help="the --url server's log (stdout and stderr)")
     ap.add_argument("dsn")
     args = ap.parse_args()
     url = args.url
@@ -139,6 +147,22 @@ def main():
 
     def count(sql, *params):
         return db.execute(sql, params).fetchone()[0]
+
+    def lookup(key, scope, *cols):
+        return db.execute("SELECT %s FROM idempotency.idem_lookup(%%s, %%s)" % ", ".join(cols),
+                          (key, scope)).fetchone()
+
+    def logged(*words):
+        """Whether a line of the server's log holds every one of words
+        (polled a little: the line may still be on its way)."""
+        if not args.log:
+            return False
+        for _ in range(50):
+            with open(args.log, errors="replace") as f:
+                if any(all(w in line for w in words) for line in f):
+                    return True
+            time.sleep(0.1)
+        return False
 
     def stored_body(key):
         """The body stored for a payment key of USER, as jsonb's text."""
@@ -153,16 +177,31 @@ def main():
     # First POST, its retry, the same JSON written otherwise.
     k1 = new_key()
     pay = {"order_id": "ORD-001", "amount": 9900, "currency": "EUR", "source": "tok_visa"}
-    first = post(url, "/api/payments", pay, k1)
+    tp1, tp2, tp3 = traceparent(), traceparent(), traceparent()
+    first = post(url, "/api/payments", pay, k1, extra={"traceparent": tp1})
     t.ok(first.status == 201 and first.header("idempotent-replayed") is None
          and (first.header("content-type") or "").startswith("application/json")
-         and first.json().get("status") == "succeeded",
+         and first.json().get("status") == "succeeded"
+         and first.header("idempotent-origin-trace") is None,
          "first POST /api/payments: 201 with the payment, not marked replayed", first)
-    retry = post(url, "/api/payments", pay, k1)
+    pid = first.json().get("payment_id") if first.status == 201 else None
+    t.ok(first.header("location") == "/api/payments/%s" % pid
+         and first.header("etag") == '"payment-%s-1"' % pid,
+         "first POST /api/payments: Location and ETag of the payment", first)
+    retry = post(url, "/api/payments", pay, k1, extra={"traceparent": tp2})
     t.ok(retry.status == first.status and retry.body == first.body
          and retry.header("idempotent-replayed") == "true"
          and retry.header("content-type") == first.header("content-type"),
          "retry: the same status and body bytes, Idempotent-Replayed: true", retry)
+    t.ok(first.header("location") is not None
+         and all(retry.header(h) == first.header(h) for h in ("location", "etag", "content-type")),
+         "retry: the first answer's Location, ETag and Content-Type replayed", retry)
+    row = lookup(k1, PAYMENTS_SCOPE, "response_headers", "origin_trace")
+    t.ok(row is not None and row[0] == {h: first.header(h) for h in ("location", "etag", "content-type")},
+         "the stored response_headers: the allowlisted headers the first answer had, no other", row)
+    t.ok(row is not None and row[1] == tp1 and retry.header("idempotent-origin-trace") == tp1,
+         "the first request's traceparent is the record's trace, sent back with the replay", row)
+    t.ok(logged("replay", tp2, tp1), "the replay logged a line with its traceparent and the first request's")
     shuffled = '{ "source":"tok_visa","currency" : "EUR","amount":9900, "order_id":"ORD-001"}'
     again = post(url, "/api/payments", shuffled, k1)
     t.ok(again.status == 201 and again.body == first.body and again.header("idempotent-replayed") == "true",
@@ -177,8 +216,10 @@ def main():
 
     # Same key, other body: 422, nothing written.
     other = dict(pay, amount=100)
-    a = post(url, "/api/payments", other, k1)
+    a = post(url, "/api/payments", other, k1, extra={"traceparent": tp3})
     t.ok(is_problem(a, 422), "same key with another body: 422 problem+json", a)
+    t.ok(a.header("idempotent-origin-trace") == tp1 and logged("mismatch", tp3, tp1),
+         "the 422 carries the first request's traceparent, and is logged with both", a)
     t.ok(count("SELECT count(*) FROM shop.payments WHERE idempotency_key = %s", k1) == 1,
          "the mismatch wrote nothing")
 
@@ -277,15 +318,19 @@ def main():
     k5 = new_key()
     charge = {"order_id": "ORD-005", "amount": 700, "delay_ms": 4500}
     holder = {}
-    th = threading.Thread(target=lambda: holder.update(a=post(url, "/api/charges", charge, k5)))
+    tp5, tp6 = traceparent(), traceparent()
+    th = threading.Thread(target=lambda: holder.update(
+        a=post(url, "/api/charges", charge, k5, extra={"traceparent": tp5})))
     th.start()
     time.sleep(0.5)
-    dup = post(url, "/api/charges", charge, k5)
+    dup = post(url, "/api/charges", charge, k5, extra={"traceparent": tp6})
     th.join()
     first = holder.get("a")
     ra = dup.header("retry-after") or ""
     t.ok(is_problem(dup, 409) and ra.isdigit() and int(ra) >= 1,
          "lease mode: a duplicate during the call gets 409 with Retry-After (%s)" % ra, dup)
+    t.ok(dup.header("idempotent-origin-trace") == tp5 and logged("in_progress", tp6, tp5),
+         "lease mode: the 409 carries the first request's traceparent, and is logged with both", dup)
     t.ok(first is not None and first.status == 201 and first.json().get("provider_ref", "").startswith("ch_"),
          "lease mode: the call, kept alive past its lease, answers 201", first)
     a = post(url, "/api/charges", charge, k5)
@@ -294,6 +339,44 @@ def main():
     t.ok(count("SELECT count(*) FROM shop.provider_calls WHERE idempotency_key = %s", k5) == 1
          and count("SELECT count(*) FROM shop.charges WHERE idempotency_key = %s", k5) == 1,
          "lease mode: one call to the provider, one charge row")
+
+    # Resumed after a takeover: the worker dies once the provider has
+    # charged and the checkpoint "charged" (the charge id) is committed; the
+    # retry after its lease takes the claim over, resumes at "charged" and
+    # completes with that charge id: the provider is called once.
+    k7 = new_key()
+    charge7 = {"order_id": "ORD-007", "amount": 800, "delay_ms": 0}
+    tp7, tp9 = traceparent(), traceparent()
+    try:
+        died = post(url, "/api/charges", charge7, k7, extra={"X-Fault": "die-after-charge", "traceparent": tp7})
+    except (http.client.HTTPException, OSError) as e:  # the connection dropped
+        died = e
+    row = lookup(k7, CHARGES_SCOPE, "status", "phase", "state", "attempt")
+    t.ok(not (isinstance(died, Answer) and died.status < 500)
+         and row is not None and row[0] == "processing" and row[1] == "charged"
+         and (row[2] or {}).get("charge_id", "").startswith("ch_"),
+         "a worker that dies after the provider charged leaves its claim at the checkpoint charged",
+         "%r\n%r" % (died, row))
+    charged = (row[2] or {}).get("charge_id") if row else None
+    # Past the lease (polled: a slow machine may take longer than 2 s)
+    for _ in range(600):
+        if count("SELECT count(*) FROM idempotency.idem_lookup(%s, %s)"
+                 " WHERE locked_until <= clock_timestamp()", k7, CHARGES_SCOPE) == 1:
+            break
+        time.sleep(0.1)
+    resumed = post(url, "/api/charges", charge7, k7, extra={"traceparent": tp9})
+    t.ok(resumed.status == 201 and resumed.header("idempotent-replayed") is None
+         and charged is not None and resumed.json().get("provider_ref") == charged,
+         "the retry after the lease takes the claim over and completes with the checkpoint's charge id", resumed)
+    t.ok(count("SELECT count(*) FROM shop.provider_calls WHERE idempotency_key = %s", k7) == 1
+         and count("SELECT count(*) FROM shop.charges WHERE idempotency_key = %s", k7) == 1
+         and lookup(k7, CHARGES_SCOPE, "attempt", "status") == (2, "completed"),
+         "resumed: one call to the provider, one charge row, completed at attempt 2",
+         "provider calls %d" % count("SELECT count(*) FROM shop.provider_calls WHERE idempotency_key = %s", k7))
+    a = post(url, "/api/charges", charge7, k7)
+    t.ok(a.status == 201 and a.body == resumed.body and a.header("idempotent-replayed") == "true"
+         and a.header("idempotent-origin-trace") == tp9,
+         "resumed: its retry replays it, linked to the takeover's traceparent", a)
 
     # The seed's rule, on a server started with it: first 201, replay 200.
     if args.seed_url:

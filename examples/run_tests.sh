@@ -4,9 +4,10 @@
 # Against the cluster that PGHOST, PGPORT and PGUSER name (scripts/test.sh
 # starts it): makes a database of the example's own (the extension and
 # examples/schema.sql), builds the example (gin: examples/gin/build.sh),
-# starts its server twice on free ports of 127.0.0.1 (the default mapping;
-# the seed's rule, replay 200), drives both with examples/http_test.py, and
-# stops them.  The last line is "<name>: N of M tests passed." (a failure
+# starts its server twice on free ports of 127.0.0.1 (the default mapping,
+# with fault injection; the seed's rule, replay 200), drives both with
+# examples/http_test.py (which reads the first one's log too), and stops
+# them.  The last line is "<name>: N of M tests passed." (a failure
 # before the requests counts as one failed test).  Exits 1 if anything
 # failed.
 set -euo pipefail
@@ -67,11 +68,11 @@ case $which in
 		"$here/gin/build.sh" "$work/idempotency-gin" || did_not_run "the build failed"
 		log "built in $((SECONDS - t0))s"
 		server() { exec "$work/idempotency-gin" -dsn "$dsn" -charge-lease 2s -listen "127.0.0.1:$1" "${@:2}"; }
-		seed_flag=-replay-200
+		seed_flag=-replay-200 fault_flag=-fault-injection
 		;;
 	python)
 		server() { exec "$python" "$here/python/server.py" --dsn "$dsn" --charge-lease 2 --listen "127.0.0.1:$1" "${@:2}"; }
-		seed_flag=--replay-200
+		seed_flag=--replay-200 fault_flag=--fault-injection
 		;;
 	*)
 		die "no example $which"
@@ -108,13 +109,13 @@ start_server() {
 	return 1
 }
 
-port=$(start_server "$work/server.log") || did_not_run "the server did not start"
+port=$(start_server "$work/server.log" "$fault_flag") || did_not_run "the server did not start"
 seed_port=$(start_server "$work/server-seed.log" "$seed_flag") || did_not_run "the server (seed's rule) did not start"
 log "$which example: servers on 127.0.0.1:$port and 127.0.0.1:$seed_port (replay 200)"
 
 rc=0
 "$python" "$here/http_test.py" --name "$name" --url "http://127.0.0.1:$port" \
-	--seed-url "http://127.0.0.1:$seed_port" "$dsn" | tee "$work/driver.out" || rc=$?
+	--seed-url "http://127.0.0.1:$seed_port" --log "$work/server.log" "$dsn" | tee "$work/driver.out" || rc=$?
 if ((rc != 0)); then
 	for f in "$work"/server*.log; do
 		echo "# ---- $(basename "$f"), last 40 lines"

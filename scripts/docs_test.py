@@ -23,6 +23,12 @@ Any other language (yaml, go, promql, ...) is not run.  A block fails when
 it exits non-zero, prints "ERROR:" that its expected output does not show,
 or prints something other than its expected output.  Prints one line per
 block and, last, "<name>: N of M tests passed."; exits 1 if any failed.
+
+scripts/docs_test.py --links FILE.md checks, without a cluster, that every
+relative link of the file names a file that exists and, with #anchor, a
+heading of that Markdown file (GitHub's anchors), and that every section a
+sentence cites as `NAME.md, "Heading"` is a heading of NAME.md; it prints
+what is broken and exits 1 if anything is.
 """
 
 import os
@@ -91,12 +97,9 @@ def matches(expected, actual):
 ENV = dict(os.environ)
 # a fresh Debian root's PATH: no pyenv or other shims of this machine's own
 ENV["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-PG_BINDIR = ENV["PG_BINDIR"]
-REPO = ENV["REPO_ROOT"]
-TMP = tempfile.mkdtemp(prefix="docs-test.", dir=os.environ.get("IDEM_TMPDIR") or None)
-os.chmod(TMP, 0o755)
-STATE = os.path.join(TMP, "shell-state")
-open(STATE, "w").close()
+PG_BINDIR = ENV.get("PG_BINDIR", "")
+REPO = ENV.get("REPO_ROOT") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TMP = STATE = None
 psql_vars = {}
 psql_db = [ENV.get("PGDATABASE", "postgres")]
 groups = []
@@ -168,7 +171,74 @@ def run_ini(text):
     return 0, ""
 
 
+LINK = re.compile(r"\[[^\]]*\]\(([^()\s]+)\)")
+CITED = re.compile(r"([A-Za-z0-9_./-]+\.md), \"([^\"]+)\"")
+HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
+HTML_ANCHOR = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"")
+
+
+def prose(path):
+    """[(line number, text)] of the file's lines outside code blocks, each
+    code span emptied"""
+    out, fence = [], None
+    for n, line in enumerate(open(path, encoding="utf-8").read().split("\n"), 1):
+        m = re.match(r"^\s*(```|~~~)", line)
+        if m:
+            fence = None if fence == m.group(1) else (fence or m.group(1))
+            continue
+        if fence is None:
+            out.append((n, re.sub(r"`[^`]*`", "``", line)))   # not code spans
+    return out
+
+
+def headings(path):
+    """(the file's headings, their GitHub anchors, HTML anchors included)"""
+    titles, anchors, seen = set(), set(), {}
+    for _, line in prose(path):
+        anchors.update(HTML_ANCHOR.findall(line))
+        m = HEADING.match(line)
+        if not m:
+            continue
+        title = m.group(1)
+        titles.add(title)
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return titles, anchors
+
+
+def check_links(path):
+    """the broken links and section citations of the file, as messages"""
+    broken, base = [], os.path.dirname(path)
+    for n, line in prose(path):
+        for target in LINK.findall(line):
+            if re.match(r"^[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = os.path.normpath(os.path.join(base, file)) if file else path
+            if not os.path.exists(dest):
+                broken.append(f"{path}:{n}: {target}: no such file")
+            elif anchor and dest.endswith(".md") and anchor not in headings(dest)[1]:
+                broken.append(f"{path}:{n}: {target}: no such heading in {os.path.relpath(dest, REPO)}")
+        for file, title in CITED.findall(line):
+            dest = next((d for d in (os.path.join(base, file), os.path.join(REPO, file))
+                         if os.path.exists(d)), None)
+            if dest and title not in headings(dest)[0]:
+                broken.append(f"{path}:{n}: {file}, \"{title}\": no such heading")
+    return broken
+
+
 def main():
+    global TMP, STATE
+    if sys.argv[1] == "--links":
+        broken = [b for f in sys.argv[2:] for b in check_links(f)]
+        print("\n".join(broken) if broken else "links ok: " + " ".join(sys.argv[2:]))
+        return 1 if broken else 0
+    TMP = tempfile.mkdtemp(prefix="docs-test.", dir=os.environ.get("IDEM_TMPDIR") or None)
+    os.chmod(TMP, 0o755)
+    STATE = os.path.join(TMP, "shell-state")
+    open(STATE, "w").close()
     path = sys.argv[1]
     name = "docs (" + os.path.relpath(path, REPO) + ")"
     blocks = parse(path)

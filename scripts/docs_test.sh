@@ -8,7 +8,8 @@
 # scram-sha-256 on 127.0.0.1), its socket in /var/run/postgresql, both
 # libraries preloaded.  scripts/docs_test.py then runs the file's blocks in
 # order (the convention is in docs/testing.md).  The extension must be
-# installed (scripts/test.sh does it first).
+# installed (scripts/test.sh does it first).  Last, without a cluster, each
+# file's links (scripts/docs_test.py --links): one test a file.
 #
 # Prints one line per block and, last, "docs (examples): N of M tests
 # passed." over all files; exits 1 if a block failed.
@@ -85,6 +86,19 @@ for fixture in sql/include/readme_grants.sql sql/include/readme_token_grants.sql
 	else
 		status=1
 		echo "not ok: $fixture differs from the block docs/reference.md shows"
+	fi
+done
+
+# Every relative link names a file that exists, and a heading where it has
+# an #anchor; every section cited as NAME.md, "Heading" exists (one test a
+# file, run blocks or not).
+for f in "$@"; do
+	[[ -f $f ]] || continue
+	total=$((total + 1))
+	if python3 "$runner" --links "$f"; then
+		passed=$((passed + 1))
+	else
+		status=1
 	fi
 done
 

@@ -57,6 +57,7 @@ declare -A MATRIX_SUITE=(
 	[17]="trixie trixie yes"
 	[18]="forky sid no"
 )
+# shellcheck disable=SC2034  # read by mx_main through a nameref
 MATRIX_MAJORS=(17 18)
 
 # --results FILE of the command line (mx_result).
@@ -260,63 +261,88 @@ mx_build_root() {
 	mx_recipe "$major" >"$dir/.idempotency-matrix"
 }
 
-# mx_root MAJOR: make sure a fresh enough root for MAJOR exists and write
-# its folder to $MX_TMP/root.  Returns 1, with the reason in $MX_TMP/reason,
-# if there is none to use.
-mx_root() {
-	local major=$1 root new old buildlog age reason=
-	root=$MATRIX_CACHE/pg$major
-	new=$MATRIX_CACHE/pg$major.new
-	old=$MATRIX_CACHE/pg$major.old
-	buildlog=$MATRIX_CACHE/pg$major-build.log
+# mx_make_root MAJOR NAME KIND BUILD FRESH OUT: make sure
+# $MATRIX_CACHE/NAME is a root that FRESH accepts and write its folder to
+# OUT; the root of the matrix (mx_root) and the clean root of the packages
+# (packages.sh, pkg_enter), under the caller's lock.  KIND names it in the
+# log ("root", "clean root").  FRESH MAJOR ROOT: true if the existing ROOT
+# may be used as it is, else it prints why not (the log's "... is older
+# than a day or of another recipe").  BUILD MAJOR DIR makes a new one in
+# DIR, which must not exist (its log on stdout), into NAME.new, swapped in
+# only once complete; where that fails, the old root, if any, is used.
+# Returns 1, with the reason in $MX_TMP/reason, if there is none to use.
+mx_make_root() {
+	local major=$1 kind=$3 build=$4 fresh=$5 out=$6 root new old buildlog age stale reason=
+	root=$MATRIX_CACHE/$2
+	new=$root.new
+	old=$root.old
+	buildlog=$MATRIX_CACHE/$2-build.log
 
 	# Left-overs of an earlier run that was cut short.
 	if ! mx_remove_root "$new" || ! mx_remove_root "$old"; then
-		echo "a left-over root is still mounted" >"$MX_TMP/reason"
+		echo "a left-over $kind is still mounted" >"$MX_TMP/reason"
 		return 1
 	fi
 
 	if [[ -f $root/.idempotency-matrix ]]; then
 		age=$(($(date +%s) - $(stat -c %Y "$root/.idempotency-matrix")))
-		if ((age < MATRIX_MAX_AGE)) && [[ $(mx_recipe "$major") == "$(cat "$root/.idempotency-matrix")" ]]; then
-			log "PostgreSQL $major: root $root (built $((age / 60)) min ago)"
-			echo "$root" >"$MX_TMP/root"
+		if stale=$("$fresh" "$major" "$root"); then
+			log "PostgreSQL $major: $kind $root (built $((age / 60)) min ago)"
+			echo "$root" >"$out"
 			return 0
 		fi
-		log "PostgreSQL $major: root $root is older than a day or of another recipe: rebuilding it (log: $buildlog)"
+		log "PostgreSQL $major: $kind $root $stale: rebuilding it (log: $buildlog)"
 	else
-		log "PostgreSQL $major: building a root in $root (log: $buildlog)"
+		log "PostgreSQL $major: building a $kind in $root (log: $buildlog)"
 	fi
 
 	if ! command -v debootstrap >/dev/null 2>&1; then
 		log "installing debootstrap"
-		if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >"$buildlog" 2>&1 &&
-			! { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; } >"$buildlog" 2>&1; then
-			reason="debootstrap could not be installed: $(tail -n 2 "$buildlog" | tr '\n' ' ')"
-		fi
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap ||
+			{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; }; } \
+			>"$buildlog" 2>&1 || reason="debootstrap could not be installed: $(tail -n 2 "$buildlog" | tr '\n' ' ')"
 	fi
 	if [[ -z $reason ]]; then
-		if mx_build_root "$major" "$new" >"$buildlog" 2>&1; then
+		if "$build" "$major" "$new" >"$buildlog" 2>&1; then
 			if [[ -e $root ]]; then
 				mv "$root" "$old"
 			fi
 			mv "$new" "$root"
 			mx_remove_root "$old" || true
-			log "PostgreSQL $major: root ready"
-			echo "$root" >"$MX_TMP/root"
+			log "PostgreSQL $major: $kind ready"
+			echo "$root" >"$out"
 			return 0
 		fi
-		reason="building the root failed: $(tail -n 3 "$buildlog" | tr '\n' ' ')(whole log: $buildlog)"
+		reason="building the $kind failed: $(tail -n 3 "$buildlog" | tr '\n' ' ')(whole log: $buildlog)"
 		mx_remove_root "$new" || true
 	fi
 
 	if [[ -f $root/.idempotency-matrix ]]; then
-		log "PostgreSQL $major: $reason; using the old root"
-		echo "$root" >"$MX_TMP/root"
+		log "PostgreSQL $major: $reason; using the old $kind"
+		echo "$root" >"$out"
 		return 0
 	fi
 	echo "$reason" >"$MX_TMP/reason"
 	return 1
+}
+
+# mx_fresh MAJOR ROOT: a matrix root is used for a day
+# (IDEM_MATRIX_MAX_AGE), while of this recipe (mx_make_root's FRESH).
+mx_fresh() {
+	local major=$1 root=$2 age
+	age=$(($(date +%s) - $(stat -c %Y "$root/.idempotency-matrix")))
+	if ((age < MATRIX_MAX_AGE)) && [[ $(mx_recipe "$major") == "$(cat "$root/.idempotency-matrix")" ]]; then
+		return 0
+	fi
+	echo "is older than a day or of another recipe"
+	return 1
+}
+
+# mx_root MAJOR: make sure a fresh enough root for MAJOR exists and write
+# its folder to $MX_TMP/root.  Returns 1, with the reason in $MX_TMP/reason,
+# if there is none to use.
+mx_root() {
+	mx_make_root "$1" "pg$1" root mx_build_root mx_fresh "$MX_TMP/root"
 }
 
 # mx_count_tests: how many tests a major that cannot run skips: one per
@@ -450,54 +476,68 @@ mx_run_major() {
 	((failed == 0))
 }
 
+# mx_main NAME RUN_MAJOR MAJORS SUITES NEEDS PREFIX [ARG...]: what
+# scripts/NAME.sh does when run, not sourced (this script and packages.sh):
+# read its options (--results FILE, --failures FILE, --help), take ARG...
+# as the majors (default: the array named MAJORS, each of which must have an
+# entry in the associative array named SUITES), run RUN_MAJOR for each, print
+# the "NAME summary" (PREFIX before each of its "PostgreSQL N:" lines), what
+# failed and the totals, and exit 1 if a major failed.  NEEDS says what root
+# is needed for.
+mx_main() {
+	local name=$1 run_major=$2 needs=$5 prefix=$6 major status=0
+	local -n mx_majors=$3 mx_suites=$4
+	shift 6
+	while (($# > 0)); do
+		case $1 in
+			--results)
+				results_file=$2
+				shift 2
+				;;
+			--failures)
+				failures_file=$2
+				shift 2
+				;;
+			-h | --help)
+				sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+				exit 0
+				;;
+			*)
+				break
+				;;
+		esac
+	done
+	if (($# > 0)); then
+		mx_majors=("$@")
+	fi
+	((EUID == 0)) || die "scripts/$name.sh needs root ($needs)"
+	mx_init
+	MX_SUMMARY=$MX_TMP/summary
+	MX_FAILURES=${failures_file:-$MX_TMP/failures}
+	: >"$MX_SUMMARY"
+	for major in "${mx_majors[@]}"; do
+		[[ -n ${mx_suites[$major]:-} ]] || die "no Debian suite known for PostgreSQL $major"
+		"$run_major" "$major" || status=1
+	done
+
+	echo
+	echo "======== $name summary ========"
+	sed "s/^PostgreSQL \([0-9]*\):/${prefix}PostgreSQL \1:/" "$MX_SUMMARY"
+	if [[ -z $failures_file && -s $MX_FAILURES ]]; then
+		echo
+		echo "$WHAT_FAILED"
+		cat "$MX_FAILURES"
+	fi
+	if [[ -z $results_file ]]; then
+		awk '{ p += $3; f += $5; s += $7 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' \
+			"$MX_SUMMARY"
+	fi
+	exit "$status"
+}
+
 # Sourced: the functions only.
 if [[ ${BASH_SOURCE[0]} != "$0" ]]; then
 	return 0
 fi
 
-while (($# > 0)); do
-	case $1 in
-		--results)
-			results_file=$2
-			shift 2
-			;;
-		--failures)
-			failures_file=$2
-			shift 2
-			;;
-		-h | --help)
-			sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
-			exit 0
-			;;
-		*)
-			break
-			;;
-	esac
-done
-if (($# > 0)); then
-	MATRIX_MAJORS=("$@")
-fi
-((EUID == 0)) || die "scripts/matrix.sh needs root (debootstrap, chroot, mount)"
-mx_init
-MX_SUMMARY=$MX_TMP/summary
-MX_FAILURES=${failures_file:-$MX_TMP/failures}
-: >"$MX_SUMMARY"
-status=0
-for major in "${MATRIX_MAJORS[@]}"; do
-	[[ -n ${MATRIX_SUITE[$major]:-} ]] || die "no Debian suite known for PostgreSQL $major"
-	mx_run_major "$major" || status=1
-done
-
-echo
-echo "======== matrix summary ========"
-cat "$MX_SUMMARY"
-if [[ -z $failures_file && -s $MX_FAILURES ]]; then
-	echo
-	echo "$WHAT_FAILED"
-	cat "$MX_FAILURES"
-fi
-if [[ -z $results_file ]]; then
-	awk '{ p += $3; f += $5; s += $7 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' \
-		"$MX_SUMMARY"
-fi
-exit "$status"
+mx_main matrix mx_run_major MATRIX_MAJORS MATRIX_SUITE "debootstrap, chroot, mount" "" "$@"

@@ -56,12 +56,15 @@ declare -A PKG_SUITE=(
 	[17]="${MATRIX_SUITE[17]}"
 	[18]="${MATRIX_SUITE[18]}"
 )
+# shellcheck disable=SC2034  # read by mx_main through a nameref
 PKG_MAJORS=(15 17 18)
 # A clean root is refreshed after a week (the matrix roots: a day), or as
 # soon as the packages were built against a newer postgresql-MAJOR.
 PKG_MAX_AGE=${IDEM_PKG_MAX_AGE:-604800}	# seconds
 # The descriptor of the lock on the clean root in use.
 PKG_LOCK_FD=
+# The postgresql-MAJOR a clean root must have at least (pkg_enter's VERSION).
+PKG_WANT=
 
 # pkg_packages MAJOR: what a clean root of MAJOR holds.
 pkg_packages() {
@@ -135,71 +138,39 @@ pkg_build_root() {
 	pkg_recipe "$major" >"$dir/.idempotency-matrix"
 }
 
+# pkg_fresh MAJOR ROOT: a clean root is used for a week (IDEM_PKG_MAX_AGE),
+# while of this recipe and while its postgresql-MAJOR is at least
+# $PKG_WANT (mx_make_root's FRESH).
+pkg_fresh() {
+	local major=$1 root=$2 age have
+	age=$(($(date +%s) - $(stat -c %Y "$root/.idempotency-matrix")))
+	have=$(dpkg-query --admindir="$root/var/lib/dpkg" -W -f='${Version}' "postgresql-$major" 2>/dev/null || true)
+	if ((age < PKG_MAX_AGE)) && [[ $(pkg_recipe "$major") == "$(cat "$root/.idempotency-matrix")" ]] &&
+		{ [[ -z $PKG_WANT ]] || dpkg --compare-versions "$have" ge "$PKG_WANT"; }; then
+		return 0
+	fi
+	echo "is older than a week, of another recipe or has postgresql-$major ${have:-none} (< ${PKG_WANT:-any})"
+	return 1
+}
+
 # pkg_enter MAJOR [VERSION]: lock MAJOR's clean root ($MATRIX_CACHE/pkgMAJOR),
 # make or refresh it if need be (under an exclusive lock: when missing,
 # older than PKG_MAX_AGE, of another recipe, or with a postgresql-MAJOR older than
 # VERSION, the one the packages were built against, since they depend on at
-# least that), then hold it shared
+# least that; mx_make_root), then hold it shared
 # (package_test.sh runs through an overlay, so several users may share it).
 # Its folder goes to $MX_TMP/pkgroot.  Returns 1, with the reason in
 # $MX_TMP/reason and the lock released, if there is none to use.
 pkg_enter() {
-	local major=$1 want=${2:-} root new old buildlog age have reason=
-	root=$MATRIX_CACHE/pkg$major
-	new=$root.new
-	old=$root.old
-	buildlog=$MATRIX_CACHE/pkg$major-build.log
+	local major=$1
+	PKG_WANT=${2:-}
 	mkdir -p "$MATRIX_CACHE"
 	exec {PKG_LOCK_FD}>"$MATRIX_CACHE/pkg$major.lock"
 	flock -w 3600 "$PKG_LOCK_FD" || die "could not lock $MATRIX_CACHE/pkg$major.lock"
-
-	if ! mx_remove_root "$new" || ! mx_remove_root "$old"; then
-		echo "a left-over clean root is still mounted" >"$MX_TMP/reason"
-		pkg_leave
-		return 1
-	fi
-	if [[ -f $root/.idempotency-matrix ]]; then
-		age=$(($(date +%s) - $(stat -c %Y "$root/.idempotency-matrix")))
-		have=$(dpkg-query --admindir="$root/var/lib/dpkg" -W -f='${Version}' "postgresql-$major" 2>/dev/null || true)
-		if ((age < PKG_MAX_AGE)) && [[ $(pkg_recipe "$major") == "$(cat "$root/.idempotency-matrix")" ]] &&
-			{ [[ -z $want ]] || dpkg --compare-versions "$have" ge "$want"; }; then
-			log "PostgreSQL $major: clean root $root (built $((age / 60)) min ago)"
-			echo "$root" >"$MX_TMP/pkgroot"
-			flock -s "$PKG_LOCK_FD"
-			return 0
-		fi
-		log "PostgreSQL $major: clean root $root is older than a week, of another recipe or has postgresql-$major ${have:-none} (< ${want:-any}): rebuilding it (log: $buildlog)"
-	else
-		log "PostgreSQL $major: building a clean root in $root (log: $buildlog)"
-	fi
-	if ! command -v debootstrap >/dev/null 2>&1; then
-		log "installing debootstrap"
-		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap ||
-			{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; }; } \
-			>"$buildlog" 2>&1 || reason="debootstrap could not be installed: $(tail -n 2 "$buildlog" | tr '\n' ' ')"
-	fi
-	if [[ -z $reason ]]; then
-		if pkg_build_root "$major" "$new" >"$buildlog" 2>&1; then
-			if [[ -e $root ]]; then
-				mv "$root" "$old"
-			fi
-			mv "$new" "$root"
-			mx_remove_root "$old" || true
-			log "PostgreSQL $major: clean root ready"
-			echo "$root" >"$MX_TMP/pkgroot"
-			flock -s "$PKG_LOCK_FD"
-			return 0
-		fi
-		reason="building the clean root failed: $(tail -n 3 "$buildlog" | tr '\n' ' ')(whole log: $buildlog)"
-		mx_remove_root "$new" || true
-	fi
-	if [[ -f $root/.idempotency-matrix ]]; then
-		log "PostgreSQL $major: $reason; using the old clean root"
-		echo "$root" >"$MX_TMP/pkgroot"
+	if mx_make_root "$major" "pkg$major" "clean root" pkg_build_root pkg_fresh "$MX_TMP/pkgroot"; then
 		flock -s "$PKG_LOCK_FD"
 		return 0
 	fi
-	echo "$reason" >"$MX_TMP/reason"
 	pkg_leave
 	return 1
 }
@@ -302,51 +273,4 @@ if [[ ${BASH_SOURCE[0]} != "$0" ]]; then
 	return 0
 fi
 
-results_file=
-failures_file=
-while (($# > 0)); do
-	case $1 in
-		--results)
-			results_file=$2
-			shift 2
-			;;
-		--failures)
-			failures_file=$2
-			shift 2
-			;;
-		-h | --help)
-			sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
-			exit 0
-			;;
-		*)
-			break
-			;;
-	esac
-done
-if (($# > 0)); then
-	PKG_MAJORS=("$@")
-fi
-((EUID == 0)) || die "scripts/packages.sh needs root (apt, debootstrap, chroot, mount)"
-mx_init
-MX_SUMMARY=$MX_TMP/summary
-MX_FAILURES=${failures_file:-$MX_TMP/failures}
-: >"$MX_SUMMARY"
-status=0
-for major in "${PKG_MAJORS[@]}"; do
-	[[ -n ${PKG_SUITE[$major]:-} ]] || die "no Debian suite known for PostgreSQL $major"
-	pkg_run_major "$major" || status=1
-done
-
-echo
-echo "======== packages summary ========"
-sed 's/^PostgreSQL \([0-9]*\):/packages, PostgreSQL \1:/' "$MX_SUMMARY"
-if [[ -z $failures_file && -s $MX_FAILURES ]]; then
-	echo
-	echo "$WHAT_FAILED"
-	cat "$MX_FAILURES"
-fi
-if [[ -z $results_file ]]; then
-	awk '{ p += $3; f += $5; s += $7 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' \
-		"$MX_SUMMARY"
-fi
-exit "$status"
+mx_main packages pkg_run_major PKG_MAJORS PKG_SUITE "apt, debootstrap, chroot, mount" "packages, " "$@"

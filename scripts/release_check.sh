@@ -7,6 +7,10 @@
 #      and shipped (in its Makefile's DATA)
 #   3. the default_version of each control file has a full install script
 #      (idempotency--1.1.sql), shipped
+#   4. debian/changelog's newest entry packages that version: its upstream
+#      version is META.json's (1.2.0-1), or, while idempotency--X.Y.sql is
+#      not in released.sha256, may carry a ~dev suffix (1.2.0~dev-1, which
+#      sorts before the release's 1.2.0-1)
 #
 # Prints "release checks: N of M tests passed." and exits non-zero on a
 # failure.
@@ -60,6 +64,28 @@ check "released scripts unchanged (released.sha256)" sha256sum --quiet --strict 
 check "released scripts shipped (Makefile DATA)" shipped $released
 check "full install script for idempotency $ext shipped" shipped "idempotency--$ext.sql"
 check "full install script for idempotency_proxy $proxy shipped" shipped "proxy/idempotency_proxy--$proxy.sql"
+
+# debian_upstream: the upstream part of the version of debian/changelog's
+# newest entry (no epoch, no Debian revision)
+debian_upstream() {
+	sed -nE '1s/^idempotency \(([^)]+)\).*/\1/p' debian/changelog |
+		sed -E 's/^[0-9]+://; s/-[^-]+$//'
+}
+# debian_matches VERSION: debian/changelog packages VERSION (META.json's),
+# with ~dev allowed until that version's full install script is released
+debian_matches() {
+	local want=$1 got
+	got=$(debian_upstream)
+	[[ $got == "$want" ]] && return 0
+	if [[ $got =~ ^${want//./\.}~dev[0-9]*$ ]]; then
+		grep -qxF "idempotency--$ext.sql" <<<"$released" || return 0
+		echo "  debian/changelog says $got, but idempotency--$ext.sql is released (released.sha256): say $want"
+		return 1
+	fi
+	echo "  debian/changelog says ${got:-nothing}, META.json $want"
+	return 1
+}
+check "debian/changelog's upstream version = META.json's" debian_matches "$(meta_version '')"
 
 echo "release checks: $passed of $total tests passed."
 ((passed == total))

@@ -63,3 +63,23 @@ SELECT upd - :upd0 AS completions, hot - :hot0 AS hot, pages - :pages0 <= 21 AS 
   FROM storage_now;
 SELECT count(*) AS completed FROM idempotency.records
  WHERE scope = 'storage' AND status = 'completed';
+
+-- A completion clears the lease in these partitions (records.c,
+-- IdemPartition.clear_lease): a completed record has none, and its 8
+-- bytes are what puts 16 rows of this size on a page instead of 15.  The
+-- claim stays: the right claim completes nothing more, a wrong one is
+-- still refused.
+SELECT count(*) FILTER (WHERE locked_until IS NULL) AS without_lease, count(*) AS completed
+  FROM idempotency.records WHERE scope = 'storage';
+SELECT claim AS lease_claim FROM idempotency.idem_acquire('lease', '{"order": 1}', 'storage') \gset
+SELECT status, locked_until > now() AS leased FROM idempotency.idem_lookup('lease', 'storage');
+SELECT idempotency.idem_complete('lease', 201, '{"id": 1}', 'storage', claim => :'lease_claim') AS completed;
+SELECT status, locked_until IS NULL AS no_lease FROM idempotency.idem_lookup('lease', 'storage');
+SELECT idempotency.idem_complete('lease', 201, '{"id": 1}', 'storage', claim => :'lease_claim') AS completed_again;
+\set VERBOSITY terse
+SELECT idempotency.idem_complete('lease', 201, '{"id": 1}', 'storage', claim => gen_random_uuid());
+\set VERBOSITY default
+-- a heartbeat of the completed record is refused, as before
+\set VERBOSITY terse
+SELECT idempotency.idem_extend('lease', 'storage', :'lease_claim');
+\set VERBOSITY default

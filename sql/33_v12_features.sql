@@ -118,7 +118,11 @@ SELECT outcome FROM idempotency.idem_acquire('v-trace', trace => repeat('t', 255
 SELECT length(origin_trace) FROM idempotency.idem_acquire('v-trace');
 
 -- idem_forget: a completed record, a processing one, none; the next
--- acquire is attempt 1 with no trace of the old record.
+-- acquire is attempt 1 with no trace of the old record.  The daily
+-- reconciliation counts them too (record_daily() first sets its base).
+SELECT pg_catalog.count(*) AS base_recorded FROM idempotency.record_daily();
+SELECT pg_catalog.sum(forgotten) AS daily_before FROM idempotency.daily
+ WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database() \gset
 SELECT forgotten AS forgotten_before FROM idempotency.stats WHERE datname = pg_catalog.current_database() \gset
 SELECT idempotency.idem_forget('v-created') AS completed_forgotten;
 SELECT pg_catalog.count(*) AS left_of_it FROM idempotency.idem_lookup('v-created');
@@ -128,6 +132,9 @@ SELECT idempotency.idem_forget('v-own') AS processing_forgotten;
 SELECT idempotency.idem_forget('v-own') AS again;
 SELECT idempotency.idem_forget('v-never') AS never_there;
 SELECT forgotten - :forgotten_before AS counted FROM idempotency.stats WHERE datname = pg_catalog.current_database();
+SELECT pg_catalog.count(*) AS recorded FROM idempotency.record_daily();
+SELECT pg_catalog.sum(forgotten) - :daily_before AS counted_daily FROM idempotency.daily
+ WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database();
 -- rolled back: the record is back
 BEGIN;
 SELECT idempotency.idem_forget('v-resume') AS forgotten_in_xact;

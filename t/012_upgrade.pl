@@ -91,46 +91,9 @@ is( $pre11->query_safe(
 		q{SELECT outcome, attempt FROM idempotency.idem_acquire('up-pre11', lease => '1 hour')}),
 	'acquired|1', 'with 1.0 answers (five columns)');
 
-# The update takes ACCESS EXCLUSIVE on records: with lock_timeout it gives up
-# at once while the open claim transaction holds its lock.
-my ($state) = sqlstate_of_psql($node, 'up', q{SET lock_timeout = '200ms'; ALTER EXTENSION idempotency UPDATE TO '1.1'});
-is($state, '55P03', 'the update with lock_timeout fails (55P03) behind an open claim transaction');
-is( $node->safe_psql('up', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.0', 'and changed nothing');
-
-# Without it, the update waits, and a new claim queues behind the update.
-my $upd = $node->background_psql('up');
-$upd->query_until(qr/updating/, qq{\\echo updating
-BEGIN;
-ALTER EXTENSION idempotency UPDATE TO '1.1';
-$repoint;
-COMMIT;
-\\echo updated
-});
-$node->poll_query_until('up',
-	q{SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ~ 'ALTER EXTENSION')})
-  or die 'the update does not wait';
-my $queued = $node->background_psql('up');
-$queued->query_until(qr/claiming/, q{\echo claiming
-SELECT outcome || '|' || attempt FROM idempotency.idem_acquire('up-queued', lease => '1 hour');
-\echo claimed
-});
-ok( $node->poll_query_until('up',
-		q{SELECT count(*) = 2 FROM pg_stat_activity WHERE wait_event_type = 'Lock'
-		     AND (query ~ 'ALTER EXTENSION' OR query ~ 'up-queued')}),
-	'the update waits for the open claim transaction, and a new claim waits behind the update');
-is( $node->safe_psql('up',
-		q{SELECT count(*) FROM pg_locks WHERE relation = 'idempotency.records'::regclass
-		     AND mode = 'AccessExclusiveLock' AND NOT granted}),
-	'1', 'the update waits for ACCESS EXCLUSIVE on idempotency.records');
-
-$open->query_safe('COMMIT');
-$upd->query_until(qr/updated/, '');
-$queued->query_until(qr/claimed/, '');
-$upd->quit;
-$queued->quit;
-is( $node->safe_psql('up', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.1', 'the update ran once the claim transaction committed');
+# The update waits behind the open claim transaction (lock_timeout: it gives
+# up at once), and a new claim queues behind the update.
+update_behind_open_claim($node, 'up', '1.0', '1.1', $repoint, $open);
 is( $node->safe_psql('up',
 		q{SELECT attempt || '|' || (claim IS NOT NULL) FROM idempotency.records WHERE key = 'up-queued'}),
 	'1|false', 'the queued claim went through after the update, as the 1.0 call it began as (no claim)');
@@ -168,7 +131,7 @@ is( $node->safe_psql('up',
 		q{SET idempotency.wait_timeout = 0;
 		  SELECT outcome, attempt, retry_after > 3000 FROM idempotency.idem_acquire('up-lease', '{"a": 2}')}),
 	'in_progress|1|t', 'the processing record is in_progress, retry_after its lease left');
-($state) = sqlstate_of_psql($node, 'up',
+my ($state) = sqlstate_of_psql($node, 'up',
 	q{SELECT idempotency.idem_complete('up-lease', 200, claim => gen_random_uuid())});
 is($state, '55000', 'a claim given for a 1.0 record gets 55000');
 is($node->safe_psql('up', q{SELECT idempotency.idem_complete('up-lease', 200, '{"ok": 1}', attempt => 1)}),

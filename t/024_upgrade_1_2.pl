@@ -110,42 +110,9 @@ is( $pre12->query_safe(
 is( $pre12->query_safe(q{SELECT count(*) FROM pg_attribute WHERE attrelid = 'idempotency.acquire_result'::regclass AND attnum > 0}),
 	'7', 'in seven columns');
 
-# The update takes ACCESS EXCLUSIVE on records: with lock_timeout it gives up
-# at once while the open claim transaction holds its lock.
-my ($state) = sqlstate_of_psql($node, 'up', q{SET lock_timeout = '200ms'; ALTER EXTENSION idempotency UPDATE TO '1.2'});
-is($state, '55P03', 'the update with lock_timeout fails (55P03) behind an open claim transaction');
-is( $node->safe_psql('up', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.1', 'and changed nothing');
-
-# Without it, the update waits, and a new claim queues behind the update.
-my $upd = $node->background_psql('up');
-$upd->query_until(qr/updating/, qq{\\echo updating
-BEGIN;
-ALTER EXTENSION idempotency UPDATE TO '1.2';
-$repoint;
-COMMIT;
-\\echo updated
-});
-$node->poll_query_until('up',
-	q{SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ~ 'ALTER EXTENSION')})
-  or die 'the update does not wait';
-my $queued = $node->background_psql('up');
-$queued->query_until(qr/claiming/, q{\echo claiming
-SELECT outcome || '|' || attempt FROM idempotency.idem_acquire('up-queued', lease => '1 hour');
-\echo claimed
-});
-ok( $node->poll_query_until('up',
-		q{SELECT count(*) = 2 FROM pg_stat_activity WHERE wait_event_type = 'Lock'
-		     AND (query ~ 'ALTER EXTENSION' OR query ~ 'up-queued')}),
-	'the update waits for the open claim transaction, and a new claim waits behind the update');
-
-$open->query_safe('COMMIT');
-$upd->query_until(qr/updated/, '');
-$queued->query_until(qr/claimed/, '');
-$upd->quit;
-$queued->quit;
-is( $node->safe_psql('up', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.2', 'the update ran once the claim transaction committed');
+# The update waits behind the open claim transaction (lock_timeout: it gives
+# up at once), and a new claim queues behind the update.
+update_behind_open_claim($node, 'up', '1.1', '1.2', $repoint, $open);
 is( $node->safe_psql('up',
 		q{SELECT attempt || '|' || (claim IS NOT NULL) || '|' || (trace IS NULL) FROM idempotency.records WHERE key = 'up-queued'}),
 	'1|true|true', 'the queued claim went through after the update, as the 1.1 call it began as');

@@ -9,16 +9,22 @@
 //
 //	POST /api/payments  {"order_id", "amount", "currency", "source"}  one transaction
 //	POST /api/orders    {"sku", "quantity"}                           stock deduction, one transaction
-//	POST /api/charges   {"order_id", "amount", "delay_ms"}            calls an outside service: lease mode
+//	POST /api/charges   {"order_id", "amount", "delay_ms"}            calls an outside service: lease mode,
+//	                                                                  resumed after the provider charged
 //	GET  /api/payments/:id, /health, /metrics                         not idempotency-checked
+//
+// With -fault-injection, a charge sent with "X-Fault: die-after-charge"
+// has its worker die once the provider has charged (for the HTTP test).
 package main
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"log"
 	"net/http"
 	"strconv"
@@ -37,6 +43,7 @@ func main() {
 	maxConns := flag.Int("max-conns", 20, "connections in the pool")
 	replay200 := flag.Bool("replay-200", false, "the seed's rule: a replayed 2xx is answered 200")
 	chargeLease := flag.Duration("charge-lease", 30*time.Second, "lease of POST /api/charges' claims")
+	faults := flag.Bool("fault-injection", false, "honour the X-Fault request header (tests only)")
 	flag.Parse()
 
 	cfg, err := pgxpool.ParseConfig(*dsn)
@@ -64,7 +71,7 @@ func main() {
 
 	r.GET("/health", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	r.GET("/metrics", func(c *gin.Context) { c.String(http.StatusOK, "# no metrics in this example\n") })
-	a := &app{pool: pool}
+	a := &app{pool: pool, faults: *faults}
 	r.GET("/api/payments/:id", a.getPayment)
 	r.POST("/api/payments", a.createPayment)
 	r.POST("/api/orders", a.createOrder)
@@ -92,8 +99,12 @@ func authenticate(c *gin.Context) {
 }
 
 type app struct {
-	pool *pgxpool.Pool
+	pool   *pgxpool.Pool
+	faults bool // -fault-injection
 }
+
+// errWorkerDied is the panic of a worker that X-Fault kills.
+var errWorkerDied = errors.New("simulated worker death (X-Fault: die-after-charge)")
 
 // fail answers a problem+json body (stored by the middleware like any
 // other answer).
@@ -167,6 +178,10 @@ func (a *app) createPayment(c *gin.Context) {
 		dbError(c, err)
 		return
 	}
+	// Stored with the answer and sent again with its replays (the
+	// middleware's ReplayedHeaders).
+	c.Header("Location", fmt.Sprintf("/api/payments/%d", id))
+	c.Header("ETag", fmt.Sprintf(`"payment-%d-1"`, id))
 	c.JSON(http.StatusCreated, gin.H{
 		"payment_id": id, "order_id": req.OrderID, "amount": req.Amount,
 		"currency": req.Currency, "status": "succeeded",
@@ -238,22 +253,48 @@ type chargeRequest struct {
 	DelayMS int    `json:"delay_ms"`
 }
 
+// chargeState is the checkpoint "charged": what the provider answered.
+type chargeState struct {
+	ChargeID string `json:"charge_id"`
+}
+
 // createCharge calls an outside payment provider, which may be slow: the
 // route is declared with idempotency.Lease, so the claim is committed before
 // the call, kept alive during it, and the charge row and the answer commit
-// after it, fenced by the claim.
+// after it, fenced by the claim. Once the provider has charged, the charge
+// id is recorded as the checkpoint "charged": if this worker dies before it
+// completes, the retry that takes the claim over (after the lease) resumes
+// at "charged" with that id, and the provider is not called again.
 func (a *app) createCharge(c *gin.Context) {
 	var req chargeRequest
 	if err := c.ShouldBindJSON(&req); err != nil {
 		fail(c, http.StatusBadRequest, "invalid-charge", err.Error())
 		return
 	}
-	stop := idempotency.KeepAlive(c)
-	ref, err := a.callProvider(c.Request.Context(), idempotency.Key(c), req.Amount, time.Duration(req.DelayMS)*time.Millisecond)
-	stop()
-	if err != nil {
-		dbError(c, err)
-		return
+	var ref string
+	if phase, state, ok := idempotency.Resumed(c); ok && phase == "charged" {
+		var cs chargeState
+		if err := json.Unmarshal(state, &cs); err != nil || cs.ChargeID == "" {
+			dbError(c, fmt.Errorf("checkpoint charged without a charge id: %s", state))
+			return
+		}
+		ref = cs.ChargeID
+	} else {
+		stop := idempotency.KeepAlive(c)
+		r, err := a.callProvider(c.Request.Context(), idempotency.Key(c), req.Amount, time.Duration(req.DelayMS)*time.Millisecond)
+		stop()
+		if err != nil {
+			dbError(c, err)
+			return
+		}
+		ref = r
+		if err := idempotency.Checkpoint(c, "charged", chargeState{ChargeID: ref}); err != nil {
+			dbError(c, err)
+			return
+		}
+		if a.faults && c.GetHeader("X-Fault") == "die-after-charge" {
+			panic(errWorkerDied)
+		}
 	}
 	ctx := c.Request.Context()
 	tx, err := idempotency.Tx(c)

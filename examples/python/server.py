@@ -14,14 +14,25 @@ POST it reads the Idempotency-Key header and the JSON body, and
   - acquired: runs the handler, whose writes go in the same transaction
     (claim.tx), stores its status and body with idempotency.idem_complete and
     commits; the answer goes out once the commit has succeeded;
-  - replay: the stored status and body, with Idempotent-Replayed: true;
+  - replay: the stored status, body and headers (those of
+    REPLAYED_HEADERS that the first answer had), with Idempotent-Replayed:
+    true;
   - in_progress: 409 with Retry-After (retry_after); mismatch: 422;
   - no key: 400 (problem+json, RFC 9457).
+
+The request's W3C traceparent header goes with the claim (idem_acquire's
+trace).  A replay, a 409 or a 422 logs a line with its own traceparent and
+the first request's (origin_trace), and sends the first request's back in
+Idempotent-Origin-Trace: the client (the same user: the scope holds it) can
+then find the attempt that did the work in its traces.
 
 Routes registered with a lease claim across transactions instead (for a
 handler that calls an outside service): the claim commits at once, the
 handler calls out (claim.keep_alive() runs idem_extend meanwhile), then its
 writes and the answer commit in a second transaction, fenced by the claim.
+claim.checkpoint() records a step done; when the worker dies, the retry
+that takes the claim over finds it in claim.resumed and carries on from
+there instead of repeating the step.
 
 A handler returns a Response, which is stored whatever its status, unless it
 called claim.release() (the retry runs again); an exception rolls everything
@@ -42,6 +53,15 @@ from psycopg_pool import ConnectionPool
 
 PROBLEM_BASE = "https://example.com/problems/"
 SKIP_PATHS = {"/health", "/metrics"}
+# The response headers stored with an answer (idem_complete's
+# response_headers) and sent again with its replays, as spelled here.
+REPLAYED_HEADERS = ("Location", "ETag", "Content-Type", "Content-Location")
+SPELLING = {h.lower(): h for h in REPLAYED_HEADERS}
+
+
+class WorkerDied(BaseException):
+    """Raised by a handler (--fault-injection) to play a worker that dies:
+    nothing is answered, stored or released; the claim is left to its lease."""
 
 
 class Response:
@@ -90,13 +110,17 @@ class Request:
 class Claim:
     """What an acquired request's handler gets."""
 
-    def __init__(self, pool, key, scope, lease, conn=None, claim=None):
+    def __init__(self, pool, key, scope, lease, conn=None, claim=None, resumed=None):
         self.pool = pool
         self.key = key
         self.scope = scope
         self.lease = lease
         self.claim = claim  # lease mode only
         self.released = False
+        # after a takeover: (phase, state) of the last checkpoint of the
+        # claim taken over, or None
+        self.resumed = resumed
+        self.checkpointed = False  # a checkpoint was committed
         self._conn = conn  # the open transaction, if any
         self._lock = threading.Lock()
 
@@ -122,6 +146,25 @@ class Claim:
                     conn.execute(sql, args)
                     conn.commit()
         self.released = True
+
+    def checkpoint(self, phase, state=None):
+        """idem_checkpoint: record the step done (phase) and what the next
+        attempt needs (state, a JSON value).  In the open transaction if
+        there is one (committed with the handler's writes), else, in lease
+        mode before tx, committed at once.  After a committed checkpoint, a
+        handler that fails leaves the claim to its lease (not released):
+        the retry that takes it over resumes."""
+        sql = ("SELECT idempotency.idem_checkpoint(key => %s, scope => %s, claim => %s::uuid,"
+               " phase => %s, state => %s::jsonb)")
+        args = (self.key, self.scope, self.claim, phase, None if state is None else json.dumps(state))
+        with self._lock:
+            if self._conn is not None:
+                self._conn.execute(sql, args)
+                return
+            with self.pool.connection() as conn:
+                conn.execute(sql, args)
+                conn.commit()
+            self.checkpointed = True
 
     def extend(self):
         """idem_extend: push the lease out while a slow call runs."""
@@ -173,14 +216,16 @@ class Idempotent:
     """The mapping from idem_acquire's outcomes to HTTP."""
 
     ACQUIRE = """
-        SELECT outcome, response_status, response_body::text, retry_after, claim::text
+        SELECT outcome, response_status, response_body::text, retry_after, claim::text,
+               phase, state, response_headers, origin_trace
           FROM idempotency.idem_acquire(key => %s::text, request => %s::jsonb, scope => %s::text,
                                         ttl => %s::float8 * interval '1 second',
-                                        lease => %s::float8 * interval '1 second')"""
+                                        lease => %s::float8 * interval '1 second',
+                                        trace => %s::text)"""
     COMPLETE = """
         SELECT idempotency.idem_complete(key => %(key)s::text, response_status => %(status)s::int,
                                          response_body => %(body)s::jsonb, scope => %(scope)s::text,
-                                         claim => %(claim)s::uuid),
+                                         claim => %(claim)s::uuid, response_headers => %(headers)s::jsonb),
                %(body)s::jsonb::text"""
 
     def __init__(self, pool, replay_ok=False, ttl=None):
@@ -208,11 +253,16 @@ class Idempotent:
         scope = "user:%s %s %s" % (req.user or "anonymous", req.method, req.path)
         if len(scope.encode()) > 255:
             scope = "sha256:" + hashlib.sha256(scope.encode()).hexdigest()
+        # for linking duplicates to the first request: one too long to
+        # store (255 bytes) is not passed on rather than refused
+        trace = req.headers.get("traceparent")
+        if trace is not None and len(trace.encode()) > 255:
+            trace = None
 
         conn = self.pool.getconn()
         try:
-            outcome, status, stored, retry_after, claim_id = conn.execute(
-                self.ACQUIRE, (key, request, scope, self.ttl or None, lease or None)).fetchone()
+            outcome, status, stored, retry_after, claim_id, phase, state, headers, origin_trace = conn.execute(
+                self.ACQUIRE, (key, request, scope, self.ttl or None, lease or None, trace)).fetchone()
             if outcome != "acquired" or lease:
                 conn.commit()  # lease mode: the claim is now visible, as processing
         except psycopg.Error as err:
@@ -223,26 +273,40 @@ class Idempotent:
             self.pool.putconn(conn)
             conn = None
 
+        dup = {}
+        if outcome != "acquired":
+            # a duplicate: link it to the first request, in the log and for the client
+            sys.stderr.write("idempotency: %s, key %r scope %r: traceparent %s, first request's %s\n"
+                             % (outcome, key, scope, trace or "-", origin_trace or "-"))
+            if origin_trace is not None:
+                dup["Idempotent-Origin-Trace"] = origin_trace
         if outcome == "replay":
             if self.replay_ok and 200 <= status < 300:
                 status = 200
-            return self._stored(status, stored, {"Idempotent-Replayed": "true"})
+            # stored in lower case: sent as REPLAYED_HEADERS spell them
+            replayed = {SPELLING.get(k, k): v for k, v in (headers or {}).items()}
+            return self._stored(status, stored, dict(replayed, **dup, **{"Idempotent-Replayed": "true"}))
         if outcome == "mismatch":
             return problem(422, "idempotency-key-reused", "Idempotency-Key already used for another request",
                            "This key was sent before with a different request body; "
-                           "use a new key for a new request.")
+                           "use a new key for a new request.", dup)
         if outcome == "in_progress":
             wait = retry_after if retry_after and retry_after > 0 else 1
             return problem(409, "request-in-progress", "A request with this Idempotency-Key is being processed",
                            "Send the same request again after %d second(s)." % wait,
-                           {"Retry-After": str(wait)})
+                           dict(dup, **{"Retry-After": str(wait)}))
 
-        claim = Claim(self.pool, key, scope, lease, conn=conn, claim=claim_id if lease else None)
+        claim = Claim(self.pool, key, scope, lease, conn=conn, claim=claim_id if lease else None,
+                      resumed=(phase, state) if phase is not None else None)
         try:
             resp = handler(req, claim)
+        except WorkerDied:
+            # played by the handler: the worker is gone, its claim left to its lease
+            claim._end(commit=False)
+            raise
         except Exception as err:  # noqa: BLE001 -- answered 500, nothing stored
             claim._end(commit=False)
-            if claim.claim is not None and not claim.released:
+            if claim.claim is not None and not claim.released and not claim.checkpointed:
                 # The outside call may have happened: give the claim up so
                 # that a retry runs again (the provider deduplicates on the key).
                 with contextlib.suppress(psycopg.Error):
@@ -257,9 +321,15 @@ class Idempotent:
             return resp
 
         body = None if resp.body is None else json.dumps(resp.body)
+        # the headers to replay: those of REPLAYED_HEADERS that this answer
+        # has (its Content-Type as it goes out)
+        replayed = {k: v for k, v in resp.headers.items() if k.lower() in SPELLING and k.lower() != "content-type"}
+        if body is not None:
+            replayed["Content-Type"] = content_type(resp.status)
         try:
             done, canonical = claim.tx.execute(self.COMPLETE, {
                 "key": key, "status": resp.status, "body": body, "scope": scope, "claim": claim.claim,
+                "headers": json.dumps(replayed) if replayed else None,
             }).fetchone()
             claim._end(commit=True)
         except psycopg.Error as err:
@@ -278,17 +348,22 @@ class Idempotent:
 
     @staticmethod
     def _stored(status, text, headers):
+        """The answer of a stored body (jsonb's text); its Content-Type
+        the one in headers (a replay's), else content_type(status)."""
         resp = Response(status, None if text is None else text.encode(), headers)
         if text is not None:
-            resp.headers["Content-Type"] = content_type(status)
+            resp.headers.setdefault("Content-Type", content_type(status))
+        else:
+            resp.headers.pop("Content-Type", None)
         return resp
 
 
 # ---- the example's endpoints (the seed's payment and stock deduction) ----
 
 class Shop:
-    def __init__(self, pool):
+    def __init__(self, pool, faults=False):
         self.pool = pool
+        self.faults = faults  # --fault-injection: honour X-Fault
 
     def create_payment(self, req, claim):
         """One transaction: the payment, the claim and the answer commit
@@ -311,8 +386,10 @@ class Shop:
         (pid,) = tx.execute("INSERT INTO shop.payments (idempotency_key, user_id, order_id, amount, currency)"
                             " VALUES (%s, %s, %s, %s, %s) RETURNING id",
                             (claim.key, req.user, p["order_id"], p["amount"], currency)).fetchone()
+        # stored with the answer and sent again with its replays (REPLAYED_HEADERS)
         return Response(201, {"payment_id": pid, "order_id": p["order_id"], "amount": p["amount"],
-                              "currency": currency, "status": "succeeded"})
+                              "currency": currency, "status": "succeeded"},
+                        {"Location": "/api/payments/%d" % pid, "ETag": '"payment-%d-1"' % pid})
 
     def get_payment(self, req):
         with self.pool.connection() as conn:
@@ -343,13 +420,23 @@ class Shop:
 
     def create_charge(self, req, claim):
         """Lease mode: the claim is committed before the slow outside call,
-        kept alive during it; the charge and the answer commit after it."""
+        kept alive during it; the charge and the answer commit after it.
+        Once the provider has charged, the charge id is recorded as the
+        checkpoint "charged": if this worker dies before it completes, the
+        retry that takes the claim over (after the lease) resumes at
+        "charged" with that id, and the provider is not called again."""
         c = req.json()
         if not isinstance(c, dict) or not c.get("order_id") or not isinstance(c.get("amount"), int) \
                 or c["amount"] < 1:
             return problem(400, "invalid-charge", "order_id and a positive amount are required")
-        with claim.keep_alive():
-            ref = self.call_provider(claim.key, c["amount"], c.get("delay_ms", 0) / 1000)
+        if claim.resumed is not None and claim.resumed[0] == "charged":
+            ref = claim.resumed[1]["charge_id"]
+        else:
+            with claim.keep_alive():
+                ref = self.call_provider(claim.key, c["amount"], c.get("delay_ms", 0) / 1000)
+            claim.checkpoint("charged", {"charge_id": ref})
+            if self.faults and req.headers.get("X-Fault") == "die-after-charge":
+                raise WorkerDied()
         (cid,) = claim.tx.execute("INSERT INTO shop.charges (idempotency_key, user_id, order_id, amount,"
                                   " provider_ref) VALUES (%s, %s, %s, %s, %s) RETURNING id",
                                   (claim.key, req.user, c["order_id"], c["amount"], ref)).fetchone()
@@ -403,10 +490,16 @@ def make_handler(shop, idem, charge_lease):
                 return self.send(problem(401, "unauthenticated", "X-User-ID header missing or not a number"))
             req = Request(self.command, path, self.headers, body, user)
             req.params = m.groupdict()
-            if idempotent and path not in SKIP_PATHS:
-                resp = idem.handle(req, fn, lease)
-            else:
-                resp = fn(req)
+            try:
+                if idempotent and path not in SKIP_PATHS:
+                    resp = idem.handle(req, fn, lease)
+                else:
+                    resp = fn(req)
+            except WorkerDied:
+                # no answer: the connection is dropped, as when a worker dies
+                sys.stderr.write("worker died (X-Fault) on %s %s\n" % (self.command, path))
+                self.close_connection = True
+                return
             self.send(resp)
 
         def send(self, resp):
@@ -441,11 +534,13 @@ def main():
     ap.add_argument("--max-conns", type=int, default=20)
     ap.add_argument("--replay-200", action="store_true", help="the seed's rule: a replayed 2xx is answered 200")
     ap.add_argument("--charge-lease", type=float, default=30, help="lease of POST /api/charges' claims, seconds")
+    ap.add_argument("--fault-injection", action="store_true",
+                    help="honour the X-Fault request header (tests only): die-after-charge")
     args = ap.parse_args()
 
     pool = ConnectionPool(args.dsn, min_size=2, max_size=args.max_conns, open=True)
     pool.wait()
-    shop = Shop(pool)
+    shop = Shop(pool, faults=args.fault_injection)
     idem = Idempotent(pool, replay_ok=args.replay_200)
     host, port = args.listen.rsplit(":", 1)
     server = Server((host, int(port)), make_handler(shop, idem, args.charge_lease))

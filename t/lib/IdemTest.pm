@@ -4,8 +4,9 @@
 # 127.0.0.1 set up as scripts/common.sh does it (pg_cron preloaded), the
 # SQLSTATE of a failed psql call, polling a server that is coming back from
 # a crash, the SQL fixtures the tests share (sql/include: the README's
-# grants, the SQLSTATE helper), a millisecond clock, and windows (ttls, leases, pauses) sized from
-# how fast the machine was measured to be.
+# grants, the SQLSTATE helper), a millisecond clock, windows (ttls, leases, pauses) sized from
+# how fast the machine was measured to be, and the steps of an update behind
+# an open claim transaction that t/012 and t/024 share.
 
 package IdemTest;
 
@@ -16,10 +17,11 @@ use Exporter 'import';
 use File::Basename ();
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
+use Test::More;
 use Time::HiRes ();
 
 our @EXPORT = qw(idem_node sqlstate_of_psql poll_query_back now_ms
-  window_secs sql_fixture warm_up_sql);
+  window_secs sql_fixture warm_up_sql update_behind_open_claim);
 
 # warm_up_sql(): the statements that make a session ask the known-absent
 # filters: a backend asks a partition's filter only from its second look at
@@ -124,6 +126,60 @@ sub window_secs
 	my $w = $factor * $measured;
 	$w = $floor if $w < $floor;
 	return int($w) == $w ? $w : int($w) + 1;
+}
+
+# update_behind_open_claim(NODE, DB, FROM, TO, REPOINT, OPEN): ALTER EXTENSION
+# idempotency UPDATE TO 'TO' in DB, at FROM, while the background session
+# OPEN holds a claim in an open transaction, as tests of the steps: with
+# lock_timeout the update fails at once (55P03) and changes nothing; without,
+# it waits for ACCESS EXCLUSIVE on idempotency.records, and a new claim of
+# key 'up-queued' (lease 1 hour) waits behind it; then OPEN commits, both go
+# through, and DB is at TO.  REPOINT, SQL run in the update's transaction,
+# points the C functions at the test's copy of the library again.  The
+# caller checks what the queued claim became.
+sub update_behind_open_claim
+{
+	my ($node, $db, $from, $to, $repoint, $open) = @_;
+
+	my ($state) = sqlstate_of_psql($node, $db,
+		qq{SET lock_timeout = '200ms'; ALTER EXTENSION idempotency UPDATE TO '$to'});
+	is($state, '55P03', 'the update with lock_timeout fails (55P03) behind an open claim transaction');
+	is( $node->safe_psql($db, q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
+		$from, 'and changed nothing');
+
+	my $upd = $node->background_psql($db);
+	$upd->query_until(qr/updating/, qq{\\echo updating
+BEGIN;
+ALTER EXTENSION idempotency UPDATE TO '$to';
+$repoint;
+COMMIT;
+\\echo updated
+});
+	$node->poll_query_until($db,
+		q{SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ~ 'ALTER EXTENSION')})
+	  or die 'the update does not wait';
+	my $queued = $node->background_psql($db);
+	$queued->query_until(qr/claiming/, q{\echo claiming
+SELECT outcome || '|' || attempt FROM idempotency.idem_acquire('up-queued', lease => '1 hour');
+\echo claimed
+});
+	ok( $node->poll_query_until($db,
+			q{SELECT count(*) = 2 FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			     AND (query ~ 'ALTER EXTENSION' OR query ~ 'up-queued')}),
+		'the update waits for the open claim transaction, and a new claim waits behind the update');
+	is( $node->safe_psql($db,
+			q{SELECT count(*) FROM pg_locks WHERE relation = 'idempotency.records'::regclass
+			     AND mode = 'AccessExclusiveLock' AND NOT granted}),
+		'1', 'the update waits for ACCESS EXCLUSIVE on idempotency.records');
+
+	$open->query_safe('COMMIT');
+	$upd->query_until(qr/updated/, '');
+	$queued->query_until(qr/claimed/, '');
+	$upd->quit;
+	$queued->quit;
+	is( $node->safe_psql($db, q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
+		$to, 'the update ran once the claim transaction committed');
+	return;
 }
 
 1;

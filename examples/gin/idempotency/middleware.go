@@ -14,10 +14,17 @@
 //     idempotency.idem_complete and commits: the claim, the business writes
 //     and the stored response commit or roll back together. The response is
 //     held back until the commit has succeeded;
-//   - replay: answers the stored status and body, with Idempotent-Replayed:
+//   - replay: answers the stored status, body and headers (those of
+//     ReplayedHeaders that the first answer had), with Idempotent-Replayed:
 //     true, without running the handler;
 //   - in_progress: 409 with Retry-After (retry_after);
 //   - mismatch: 422.
+//
+// The request's W3C traceparent header goes with the claim (idem_acquire's
+// trace). A replay, a 409 or a 422 logs a line with its own traceparent and
+// the first request's (origin_trace), and sends the first request's back in
+// Idempotent-Origin-Trace: the client (the same user: the scope holds it)
+// can then find the attempt that did the work in its traces.
 //
 // Routes declared with Lease claim across transactions instead, for handlers
 // that call an outside service: the claim commits at once, the handler makes
@@ -30,6 +37,11 @@
 // (the claim is given up: the retry runs again) or records an error with
 // c.Error (the transaction is rolled back: nothing is stored, the retry runs
 // again).
+//
+// A handler that calls out in several steps records each step done with
+// Checkpoint; when its worker dies, the retry that takes the claim over
+// finds the last checkpoint with Resumed and carries on from there instead
+// of repeating the step.
 package idempotency
 
 import (
@@ -40,9 +52,11 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log"
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -58,6 +72,19 @@ const (
 	HeaderKey      = "Idempotency-Key"
 	HeaderReplayed = "Idempotent-Replayed"
 )
+
+// HeaderTrace is the request header passed on as the claim's trace (W3C
+// Trace Context), and HeaderOriginTrace the response header of a duplicate
+// (replay, 409 in progress, 422) that carries the first request's.
+const (
+	HeaderTrace       = "traceparent"
+	HeaderOriginTrace = "Idempotent-Origin-Trace"
+)
+
+// ReplayedHeaders are the response headers stored with an answer
+// (idem_complete's response_headers) and sent again with its replays, as
+// spelled here. Others (Date, Retry-After, cookies) are not replayed.
+var ReplayedHeaders = []string{"Location", "ETag", "Content-Type", "Content-Location"}
 
 // UserKey is the gin context key under which the authentication middleware
 // is expected to have put the user's id (see User to read it elsewhere).
@@ -131,10 +158,13 @@ type state struct {
 	scope  string
 	lease  time.Duration // 0: one transaction
 	claim  *string       // lease mode: this claim (NULL in one-transaction mode)
+	phase  *string       // after a takeover: the last checkpoint of the claim taken over
+	pstate *string       // ... and its state (jsonb's text)
 
-	mu       sync.Mutex // serializes the handler and a KeepAlive goroutine
-	tx       pgx.Tx
-	released bool
+	mu           sync.Mutex // serializes the handler and a KeepAlive goroutine
+	tx           pgx.Tx
+	released     bool
+	checkpointed bool // a checkpoint was committed: a failure leaves the claim to its lease
 }
 
 // Middleware returns the idempotency middleware over pool.
@@ -190,6 +220,13 @@ func (cfg *config) handle(c *gin.Context, pool *pgxpool.Pool) {
 		request = string(body)
 	}
 
+	// The trace is for linking duplicates to the first request: one too
+	// long to store (255 bytes) is not passed on rather than refused.
+	var trace *string
+	if tp := c.GetHeader(HeaderTrace); tp != "" && len(tp) <= 255 {
+		trace = &tp
+	}
+
 	st := &state{pool: pool, key: key, scope: cfg.scope(c)}
 	st.ctx, st.cancel = context.WithTimeout(context.Background(), dbTimeout)
 	defer st.cancel()
@@ -201,23 +238,37 @@ func (cfg *config) handle(c *gin.Context, pool *pgxpool.Pool) {
 		return
 	}
 	var (
-		outcome    string
-		status     *int32
-		stored     *string
-		retryAfter *int32
-		claim      *string
+		outcome     string
+		status      *int32
+		stored      *string
+		retryAfter  *int32
+		claim       *string
+		headers     *string
+		originTrace *string
 	)
 	err = tx.QueryRow(st.ctx, `
-		SELECT outcome, response_status, response_body::text, retry_after, claim::text
+		SELECT outcome, response_status, response_body::text, retry_after, claim::text,
+		       phase, state::text, response_headers::text, origin_trace
 		  FROM idempotency.idem_acquire(key => $1, request => $2::jsonb, scope => $3,
 		                                ttl => $4::float8 * interval '1 second',
-		                                lease => $5::float8 * interval '1 second')`,
-		key, request, st.scope, seconds(cfg.ttl), seconds(st.lease)).
-		Scan(&outcome, &status, &stored, &retryAfter, &claim)
+		                                lease => $5::float8 * interval '1 second',
+		                                trace => $6)`,
+		key, request, st.scope, seconds(cfg.ttl), seconds(st.lease), trace).
+		Scan(&outcome, &status, &stored, &retryAfter, &claim, &st.phase, &st.pstate, &headers, &originTrace)
 	if err != nil {
 		_ = tx.Rollback(st.ctx)
 		dbProblem(c, err)
 		return
+	}
+
+	if outcome != "acquired" {
+		// A duplicate: link it to the first request, in the log and for
+		// the client.
+		log.Printf("idempotency: %s, key %q scope %q: traceparent %s, first request's %s",
+			outcome, key, st.scope, orDash(trace), orDash(originTrace))
+		if originTrace != nil {
+			c.Header(HeaderOriginTrace, *originTrace)
+		}
 	}
 
 	switch outcome {
@@ -227,8 +278,22 @@ func (cfg *config) handle(c *gin.Context, pool *pgxpool.Pool) {
 		if cfg.replayOK && code >= 200 && code < 300 {
 			code = http.StatusOK
 		}
+		ct := ""
+		if headers != nil {
+			var h map[string]string
+			if err := json.Unmarshal([]byte(*headers), &h); err == nil {
+				// stored in lower case: sent as ReplayedHeaders spell them
+				for name, v := range h {
+					if name == "content-type" {
+						ct = v
+						continue
+					}
+					c.Writer.Header()[spelling(name)] = []string{v}
+				}
+			}
+		}
 		c.Header(HeaderReplayed, "true")
-		respond(c, code, stored)
+		respond(c, code, stored, ct)
 		c.Abort()
 		return
 	case "mismatch":
@@ -290,7 +355,7 @@ func (st *state) finish(c *gin.Context, w *holdWriter) {
 	defer st.mu.Unlock()
 	if len(c.Errors) > 0 {
 		st.rollbackLocked()
-		if st.claim != nil && !st.released {
+		if st.claim != nil && !st.released && !st.checkpointed {
 			// The outside call may have happened: give the claim up so
 			// that a retry runs again at once (the outside service is
 			// called with the same key and deduplicates it).
@@ -314,18 +379,40 @@ func (st *state) finish(c *gin.Context, w *holdWriter) {
 	}
 
 	var body *string
+	ct := ""
 	if w.body.Len() > 0 {
 		if !json.Valid(w.body.Bytes()) {
 			st.rollbackLocked()
+			dropReplayed(c)
 			problem(c, http.StatusInternalServerError, "response-not-json", "Handler answered non-JSON",
 				"The idempotency middleware stores JSON responses only.")
 			return
 		}
 		s := w.body.String()
 		body = &s
+		ct = contentType(w.status)
+	}
+	// The headers to replay: those of ReplayedHeaders that this answer has
+	// (its Content-Type as it goes out).
+	replayed := map[string]string{}
+	for _, name := range ReplayedHeaders {
+		if v := c.Writer.Header().Get(name); v != "" {
+			replayed[name] = v
+		}
+	}
+	delete(replayed, "Content-Type")
+	if ct != "" {
+		replayed["Content-Type"] = ct
+	}
+	var headers *string
+	if len(replayed) > 0 {
+		b, _ := json.Marshal(replayed)
+		h := string(b)
+		headers = &h
 	}
 	tx, err := st.txLocked()
 	if err != nil {
+		dropReplayed(c)
 		dbProblem(c, err)
 		return
 	}
@@ -335,9 +422,9 @@ func (st *state) finish(c *gin.Context, w *holdWriter) {
 	var canonical *string
 	err = tx.QueryRow(st.ctx, `
 		SELECT idempotency.idem_complete(key => $1, response_status => $2, response_body => $3::jsonb,
-		                                 scope => $4, claim => $5::uuid),
+		                                 scope => $4, claim => $5::uuid, response_headers => $6::jsonb),
 		       $3::jsonb::text`,
-		st.key, w.status, body, st.scope, st.claim).Scan(&done, &canonical)
+		st.key, w.status, body, st.scope, st.claim, headers).Scan(&done, &canonical)
 	if err == nil {
 		err = tx.Commit(st.ctx)
 	} else {
@@ -345,6 +432,7 @@ func (st *state) finish(c *gin.Context, w *holdWriter) {
 	}
 	st.tx = nil
 	if err != nil {
+		dropReplayed(c) // not the answer they were set for
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "55000" {
 			// Lease mode: the lease ran out and another request took the
@@ -358,7 +446,57 @@ func (st *state) finish(c *gin.Context, w *holdWriter) {
 		dbProblem(c, err)
 		return
 	}
-	respond(c, w.status, canonical)
+	respond(c, w.status, canonical, ct)
+}
+
+// Resumed is the last checkpoint of the claim that this request took over
+// (idem_acquire's phase and state after a takeover): ok is false for a new
+// key, and when the worker before it recorded none.
+func Resumed(c *gin.Context) (phase string, st json.RawMessage, ok bool) {
+	s, err := get(c)
+	if err != nil || s.phase == nil {
+		return "", nil, false
+	}
+	if s.pstate != nil {
+		st = json.RawMessage(*s.pstate)
+	}
+	return *s.phase, st, true
+}
+
+// Checkpoint records how far the handler got (idempotency.idem_checkpoint):
+// phase names the step done, state (marshalled to JSON; nil for none) what
+// the next attempt needs to carry on. In the request's transaction when
+// one is open (it commits or rolls back with the handler's writes), else,
+// in lease mode before Tx, committed at once. Once a checkpoint is
+// committed, a handler that fails (c.Error) leaves the claim to its lease
+// instead of releasing it: the retry that takes it over resumes.
+func Checkpoint(c *gin.Context, phase string, state interface{}) error {
+	s, err := get(c)
+	if err != nil {
+		return err
+	}
+	var js *string
+	if state != nil {
+		b, err := json.Marshal(state)
+		if err != nil {
+			return err
+		}
+		v := string(b)
+		js = &v
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	const q = `SELECT idempotency.idem_checkpoint(key => $1, scope => $2, claim => $3::uuid,
+	                                              phase => $4, state => $5::jsonb)`
+	if s.tx != nil {
+		_, err = s.tx.Exec(s.ctx, q, s.key, s.scope, s.claim, phase, js)
+		return err
+	}
+	if _, err = s.pool.Exec(s.ctx, q, s.key, s.scope, s.claim, phase, js); err != nil {
+		return err
+	}
+	s.checkpointed = true
+	return nil
 }
 
 // Tx is the request's transaction: the handler's writes go in it, and commit
@@ -529,16 +667,47 @@ func contentType(status int) string {
 	return "application/json; charset=utf-8"
 }
 
-func respond(c *gin.Context, status int, body *string) {
+// respond sends status and body, as Content-Type ct (empty:
+// contentType(status)).
+func respond(c *gin.Context, status int, body *string, ct string) {
 	if body == nil {
 		c.Writer.Header().Del("Content-Type")
 		c.Status(status)
 		c.Writer.WriteHeaderNow()
 		return
 	}
-	c.Header("Content-Type", contentType(status))
+	if ct == "" {
+		ct = contentType(status)
+	}
+	c.Header("Content-Type", ct)
 	c.Status(status)
 	_, _ = c.Writer.WriteString(*body)
+}
+
+// spelling is a stored (lower-case) header name as ReplayedHeaders spell
+// it, or in Go's canonical form.
+func spelling(name string) string {
+	for _, n := range ReplayedHeaders {
+		if strings.EqualFold(n, name) {
+			return n
+		}
+	}
+	return http.CanonicalHeaderKey(name)
+}
+
+// dropReplayed removes the handler's replayable headers from an answer
+// that is not the handler's (the middleware's own problem instead).
+func dropReplayed(c *gin.Context) {
+	for _, name := range ReplayedHeaders {
+		c.Writer.Header().Del(name)
+	}
+}
+
+func orDash(s *string) string {
+	if s == nil {
+		return "-"
+	}
+	return *s
 }
 
 // problem answers an RFC 9457 problem+json body; such answers are never
