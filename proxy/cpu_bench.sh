@@ -90,7 +90,7 @@ cpu_of() {
 
 # one CASE (direct|router) SCRIPT: "latency_ms shard_us router_us"
 one() {
-	local port=$S out r0 r1 s0 s1 n lat prof=
+	local port=$S r0 r1 s0 s1 n lat prof=
 	[[ $1 == router ]] && port=$R
 	sleep 0.5
 	r0=$(cpu_of 0)

@@ -85,7 +85,7 @@ chown postgres "$BASE"/*.sql
 # run VERSION DB: one growth under load; prints
 # "grow_ms plain_ms stay_max_ms move_max_ms failed"
 run() {
-	local v=$1 db=$2 i held t0 t1 g0 g1 key
+	local v=$1 db=$2 i g0 g1 key
 	for i in 1 2 3 4; do
 		psql_at "${PORTS[$i]}" postgres -c "CREATE DATABASE $db"
 		psql_at "${PORTS[$i]}" "$db" -c "CREATE EXTENSION idempotency VERSION '$v'"
