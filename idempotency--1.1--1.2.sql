@@ -707,31 +707,38 @@ SELECT pg_catalog.pg_extension_config_dump('idempotency.shard_layout', '');
 
 -- shard_key_hash(scope, key): idempotency_proxy's key_hash, computed here
 -- (the shard does not take the router's word for which partition a key
--- is in).
+-- is in).  PL/pgSQL, not SQL: a SQL function with SET is never inlined,
+-- and its body was parsed and planned again on every routed call.
 CREATE FUNCTION idempotency.shard_key_hash(scope text, key text)
 RETURNS int
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-SELECT ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
-            pg_catalog.convert_to(COALESCE($1, ''), 'UTF8')
-            OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea
-            OPERATOR(pg_catalog.||) pg_catalog.convert_to(COALESCE($2, ''), 'UTF8')), 1, 4), 'hex')
-       )::pg_catalog.bit(32)::pg_catalog.int4
+BEGIN
+    RETURN ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
+                pg_catalog.convert_to(COALESCE(scope, ''), 'UTF8')
+                OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea
+                OPERATOR(pg_catalog.||) pg_catalog.convert_to(COALESCE(key, ''), 'UTF8')), 1, 4), 'hex')
+           )::pg_catalog.bit(32)::pg_catalog.int4;
+END
 $$;
 
--- shard_check(layout, hash, fresh): raise 55R01 unless this shard may
--- answer a call for partition hash from a router at layout version layout.
--- fresh: the call makes a new record (a new claim, a token), which needs
--- the partition owned under the layout in force; otherwise (an existing
--- record answered: replay, in_progress, mismatch, a takeover, a lookup)
--- owning it under the previous layout is enough.  Caller: the claim is
--- already written in this transaction, and is rolled back by the error.
--- It runs with the caller's privileges, like every function of the
--- extension: the role a router connects as needs SELECT on
--- idempotency.shard_layout (proxy/README.md lists the shards' grants).
-CREATE FUNCTION idempotency.shard_check(layout bigint, hash int, fresh boolean)
-RETURNS void
+-- shard_refusal(layout, hash, fresh): why this shard may not answer a call
+-- for partition hash from a router at layout version layout (message and
+-- detail of the 55R01), or NULLs when it may.  fresh: the call makes a new
+-- record (a new claim, a token), which needs the partition owned under the
+-- layout in force; otherwise (an existing record answered: replay,
+-- in_progress, mismatch, a takeover) owning it under the previous layout
+-- is enough.  The router's version matters only where the argument of
+-- proxy/README.md needs it: a new claim of a key that moved here in the
+-- newest growth is taken only from a router at this shard's version (that
+-- router looked at the key's previous shard first); a key this shard owned
+-- before the growth and owns now is taken from a router at any version,
+-- so a growth refuses no call of a key that does not move.  Reads
+-- idempotency.shard_layout: the ACCESS SHARE lock it takes is held to the
+-- caller's commit.
+CREATE FUNCTION idempotency.shard_refusal(layout bigint, hash int, fresh boolean,
+    OUT message text, OUT detail text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -742,42 +749,72 @@ DECLARE
 BEGIN
     SELECT s.* INTO l FROM idempotency.shard_layout s;
     IF NOT FOUND THEN
-        IF layout IS NULL THEN
-            RETURN;
+        IF layout IS NOT NULL THEN
+            message := format('this shard has no layout, the router sent layout %s', layout);
+            detail := 'Declare the shards on the router again with idempotency.cluster_create(), which writes the layout to each.';
         END IF;
-        RAISE EXCEPTION 'this shard has no layout, the router sent layout %', layout
-            USING ERRCODE = '55R01',
-                  HINT = 'Declare the shards on the router again with idempotency.cluster_create(), which writes the layout to each.';
-    END IF;
-    IF layout IS DISTINCT FROM l.version THEN
-        RAISE EXCEPTION 'the router''s layout % is not this shard''s layout %', coalesce(layout::text, 'none'), l.version
-            USING ERRCODE = '55R01',
-                  DETAIL = CASE WHEN layout IS NULL OR layout < l.version
-                                THEN 'The router has not heard of the newest growth.'
-                                ELSE 'This shard has not been told of the router''s growth.' END,
-                  HINT = 'The router reloads its layout from the shards and retries.';
+        RETURN;
     END IF;
     now_own := (hash & (cardinality(l.map) - 1)) = ANY (l.owned);
     was_own := l.previous_map IS NOT NULL
                AND (hash & (cardinality(l.previous_map) - 1)) = ANY (l.previous_owned);
+    IF layout IS NULL
+       OR (layout <> l.version AND NOT (now_own AND (was_own OR l.previous_map IS NULL))) THEN
+        message := format('the router''s layout %s is not this shard''s layout %s',
+                          coalesce(layout::text, 'none'), l.version);
+        detail := CASE WHEN layout IS NULL OR layout < l.version
+                       THEN 'The router has not heard of the newest growth.'
+                       ELSE 'This shard has not been told of the router''s growth.' END;
+        RETURN;
+    END IF;
     IF now_own AND (l.active OR was_own) THEN
         RETURN;
     END IF;
     IF (was_own OR now_own) AND NOT fresh THEN
         RETURN;
     END IF;
-    RAISE EXCEPTION 'partition % of layout % is not owned by this shard', hash & (cardinality(l.map) - 1), l.version
-        USING ERRCODE = '55R01',
-              DETAIL = CASE WHEN was_own THEN 'It moved to another shard: only its existing records are answered here.'
-                            WHEN now_own THEN 'It moves here once the growth is in force.'
-                            ELSE 'Another shard owns it.' END,
-              HINT = 'The router reloads its layout from the shards and retries.';
+    message := format('partition %s of layout %s is not owned by this shard',
+                      hash & (cardinality(l.map) - 1), l.version);
+    detail := CASE WHEN was_own THEN 'It moved to another shard: only its existing records are answered here.'
+                   WHEN now_own THEN 'It moves here once the growth is in force.'
+                   ELSE 'Another shard owns it.' END;
 END
 $$;
 
--- shard_acquire(layout, ...): idem_acquire (1.1's columns), refused with
--- 55R01 when this shard does not own the key under the router's layout.
--- Bad input raises what idem_acquire raises, before the check.
+-- shard_check(layout, hash, fresh): raise 55R01 when shard_refusal() says
+-- this shard may not answer.  Caller: a claim is already written in this
+-- transaction, and is rolled back by the error.  It runs with the
+-- caller's privileges, like every function of the extension: the role a
+-- router connects as needs SELECT on idempotency.shard_layout
+-- (proxy/README.md lists the shards' grants).
+CREATE FUNCTION idempotency.shard_check(layout bigint, hash int, fresh boolean)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r   record;
+BEGIN
+    SELECT * INTO r FROM idempotency.shard_refusal(layout, hash, fresh);
+    IF r.message IS NOT NULL THEN
+        RAISE EXCEPTION '%', r.message
+            USING ERRCODE = '55R01', DETAIL = r.detail,
+                  HINT = 'The router reloads its layout from the shards and retries.';
+    END IF;
+END
+$$;
+
+-- shard_acquire(layout, ...): idem_acquire (1.1's columns), unless this
+-- shard may not answer the key under the router's layout: then one row
+-- with outcome 'refused' and the reason in response_body (message,
+-- detail), and nothing is left of the call (a new claim it made is
+-- released at once, in this transaction, so no other session ever sees
+-- it).  A refusal is a row, not an error, so that PL/Proxy keeps its
+-- connection (it drops one after every remote error); the router reloads
+-- its layout and retries.  A refused takeover (a record of a key this
+-- shard neither owns nor owned, which a forced end of a growth window can
+-- leave) raises 55R01, which rolls it back.  Bad input raises what
+-- idem_acquire raises, before the check.
 CREATE FUNCTION idempotency.shard_acquire(layout bigint, key text,
     request jsonb, scope text, ttl interval, lease interval)
 RETURNS TABLE (outcome text, response_status int, response_body jsonb,
@@ -788,29 +825,45 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     a   record;
+    r   record;
 BEGIN
     SELECT x.outcome, x.response_status, x.response_body, x.attempt,
            x.expires_at, x.claim, x.retry_after
       INTO a
       FROM idempotency.idem_acquire($2, $3, $4, $5, $6) x;
-    PERFORM idempotency.shard_check($1, idempotency.shard_key_hash($4, $2),
-                                    a.outcome = 'acquired' AND a.attempt = 1);
-    outcome := a.outcome;
-    response_status := a.response_status;
-    response_body := a.response_body;
-    attempt := a.attempt;
-    expires_at := a.expires_at;
-    claim := a.claim;
-    retry_after := a.retry_after;
+    SELECT * INTO r
+      FROM idempotency.shard_refusal($1, idempotency.shard_key_hash($4, $2),
+                                     a.outcome = 'acquired' AND a.attempt = 1);
+    IF r.message IS NULL THEN
+        outcome := a.outcome;
+        response_status := a.response_status;
+        response_body := a.response_body;
+        attempt := a.attempt;
+        expires_at := a.expires_at;
+        claim := a.claim;
+        retry_after := a.retry_after;
+    ELSIF a.outcome = 'acquired' AND a.attempt = 1 THEN
+        PERFORM idempotency.idem_release($2, $4, 1, a.claim);
+        outcome := 'refused';
+        response_body := jsonb_build_object('message', r.message, 'detail', r.detail);
+    ELSIF a.outcome = 'acquired' THEN
+        RAISE EXCEPTION '%', r.message
+            USING ERRCODE = '55R01', DETAIL = r.detail,
+                  HINT = 'The router reloads its layout from the shards and retries.';
+    ELSE
+        outcome := 'refused';
+        response_body := jsonb_build_object('message', r.message, 'detail', r.detail);
+    END IF;
     RETURN NEXT;
 END
 $$;
 
 -- shard_lookup(layout, key, scope): idem_lookup (1.1's columns), refused
--- with 55R01 when the router's layout is not this shard's or the key is
--- neither owned here nor was before the growth.  The router's look at a
--- moved key's previous shard: answered only once that shard refuses new
--- claims of the key.
+-- with 55R01 when the router's layout is not this shard's, whatever the
+-- key, or the key is neither owned here nor was before the growth.  The
+-- router's look at a moved key's previous shard: answered only once that
+-- shard refuses new claims of the key (step 4 of proxy/README.md's
+-- argument), so the version must be equal here.
 CREATE FUNCTION idempotency.shard_lookup(layout bigint, key text, scope text)
 RETURNS TABLE (status text, request_hash bytea, response_status int,
                response_body jsonb, attempt int, created_at timestamptz,
@@ -819,7 +872,14 @@ RETURNS TABLE (status text, request_hash bytea, response_status int,
 LANGUAGE plpgsql VOLATILE ROWS 1
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v   bigint := (SELECT s.version FROM idempotency.shard_layout s);
 BEGIN
+    IF $1 IS DISTINCT FROM v THEN
+        RAISE EXCEPTION 'the router''s layout % is not this shard''s layout %', coalesce($1::text, 'none'), coalesce(v::text, 'none')
+            USING ERRCODE = '55R01',
+                  HINT = 'The router reloads its layout from the shards and retries.';
+    END IF;
     PERFORM idempotency.shard_check($1, idempotency.shard_key_hash($3, $2), false);
     RETURN QUERY
         SELECT l.status, l.request_hash, l.response_status, l.response_body,
@@ -830,7 +890,9 @@ END
 $$;
 
 -- shard_token_issue(layout, hash, scope, ttl): idem_token_issue for the
--- router's partition hash, refused with 55R01 unless this shard owns it.
+-- router's partition hash; NULL (the token made is consumed at once, in
+-- this transaction) unless this shard owns it, so that the refusal keeps
+-- PL/Proxy's connection, as shard_acquire's.
 CREATE FUNCTION idempotency.shard_token_issue(layout bigint, hash int,
     scope text, ttl interval)
 RETURNS text
@@ -840,7 +902,10 @@ AS $$
 DECLARE
     t   text := idempotency.idem_token_issue($3, $4);
 BEGIN
-    PERFORM idempotency.shard_check($1, $2, true);
+    IF (SELECT r.message FROM idempotency.shard_refusal($1, $2, true) r) IS NOT NULL THEN
+        PERFORM idempotency.idem_token_consume(t, $3);
+        RETURN NULL;
+    END IF;
     RETURN t;
 END
 $$;
@@ -968,6 +1033,7 @@ REVOKE ALL ON FUNCTION idempotency.shard_layout_install(bigint, boolean, text[],
 REVOKE ALL ON FUNCTION idempotency.shard_layout_activate(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_layout_close(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_key_hash(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.shard_refusal(bigint, int, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_check(bigint, int, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_acquire(bigint, text, jsonb, text, interval, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_lookup(bigint, text, text) FROM PUBLIC;

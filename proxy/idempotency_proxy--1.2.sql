@@ -1013,7 +1013,7 @@ CREATE EVENT TRIGGER idempotency_proxy_refuse_idempotency
 -- does not own, or from a router whose layout is not its own, with
 -- SQLSTATE 55R01.  A routed call that gets 55R01 reloads the router's
 -- layout from the shard (cluster_reload()) and runs once more (and, while
--- a growth is being switched, a few times more, for up to 0.3 s).  A growth
+-- a growth is being switched, a few times more, for up to 0.6 s).  A growth
 -- writes the new layout to every shard in two steps (installed, then in
 -- force) and never locks the router's placement against calls: calls in
 -- flight on the old layout are refused by the shards and retried.  The
@@ -1128,6 +1128,36 @@ AS $$
     SELECT idempotency.shard_layout_close(version) AS px_layout_close_at;
 $$;
 
+-- The same two steps of a growth on all its servers at once: PL/Proxy
+-- sends a call to all the partitions it runs on before it waits for any,
+-- so the servers take the new layout in parallel, and the keys that move
+-- are refused for the time of one step, not of one step per server.  The
+-- cluster idempotency_cluster_grow (made by cluster_grow for the purpose,
+-- in its own transaction) has one partition per server of the growth
+-- (padded to a power of two with the first server again); partition
+-- part[i] gets owned[i] and previous_owned[i] (int[] as text).
+CREATE FUNCTION idempotency.px_layout_install_all(part int[], owned text[],
+    previous_owned text[], version bigint, active boolean, map text[],
+    previous_map text[], switched_at timestamptz, consult_until timestamptz)
+RETURNS SETOF bigint
+LANGUAGE plproxy
+AS $$
+    CLUSTER 'idempotency_cluster_grow';
+    SPLIT part, owned, previous_owned;
+    RUN ON part;
+    SELECT idempotency.shard_layout_install(version, active, map, (owned)[1]::int[], previous_map,
+        (previous_owned)[1]::int[], switched_at, consult_until) AS px_layout_install_all;
+$$;
+
+CREATE FUNCTION idempotency.px_layout_activate_all(version bigint)
+RETURNS SETOF boolean
+LANGUAGE plproxy
+AS $$
+    CLUSTER 'idempotency_cluster_grow';
+    RUN ON ALL;
+    SELECT idempotency.shard_layout_activate(version) AS px_layout_activate_all;
+$$;
+
 -- owned_partitions(map, server): the partitions (0-based) map puts on
 -- server (servers are told apart by their connection strings, spelled as
 -- in the map).
@@ -1180,7 +1210,7 @@ $$;
 -- lock where it changes it, without waiting: concurrent reloads apply a
 -- layout once, those that come after it take no lock, and one that finds
 -- the row locked by another session's reload does nothing (the routed
--- call tries again, up to 0.3 s).  Caller: the owner of the
+-- call tries again, up to 0.6 s).  Caller: the owner of the
 -- SQL/MED servers (cluster_reload, cluster_create, cluster_grow).
 CREATE FUNCTION idempotency.cluster_apply(version bigint, map text[],
     previous text[], switched_at timestamptz, consult_until timestamptz)
@@ -1218,8 +1248,10 @@ END
 $$;
 
 -- cluster_reload(hash): read the layout from the shard of partition hash
--- (the shard that refused a call with 55R01) and make it this router's,
--- if it is newer.  True when the placement changed.  SECURITY DEFINER: any
+-- (the shard that refused a call) and make it this router's, if it is
+-- newer and in force there (a layout only installed would not let the
+-- call through, and applying it would hold this router's placement
+-- locked for the rest of a call that is bound to wait).  True when the placement changed.  SECURITY DEFINER: any
 -- caller of a routed function may make the router adopt what its shards
 -- say, and nothing else (the layout is never taken from the caller).
 CREATE FUNCTION idempotency.cluster_reload(hash int DEFAULT 0)
@@ -1231,7 +1263,7 @@ DECLARE
     l   record;
 BEGIN
     SELECT g.* INTO l FROM idempotency.px_layout_get(hash) g;
-    IF l.version IS NULL THEN
+    IF l.version IS NULL OR NOT l.active THEN
         RETURN false;
     END IF;
     RETURN idempotency.cluster_apply(l.version, l.map, l.previous_map,
@@ -1258,11 +1290,12 @@ $$;
 --
 
 -- route_acquire(...): one routing of idem_acquire under the placement now
--- in force; 55R01 from a shard comes out (idem_acquire reloads, retries).
--- A moved key (growth window) whose live record is on its previous
--- server is answered there; when that record vanished between the look
--- and the claim, the previous server refuses the new claim (55R01) and the
--- key is claimed on its current server.
+-- in force; a shard's refusal (a row with outcome 'refused', or 55R01)
+-- comes out (idem_acquire reloads, retries).  A moved key (growth window)
+-- whose live record is on its previous server is answered there; when
+-- that record vanished between the look and the claim, the previous
+-- server refuses the new claim and the key is claimed on its current
+-- server.
 CREATE FUNCTION idempotency.route_acquire(h int, key text, request jsonb,
     scope text, ttl interval, lease interval)
 RETURNS TABLE (outcome text, response_status int, response_body jsonb,
@@ -1280,9 +1313,11 @@ BEGIN
         BEGIN
             SELECT * INTO r FROM idempotency.px_owned_acquire(true, h, st.layout_version,
                                                                key, request, scope, ttl, lease);
-            RETURN QUERY SELECT r.outcome, r.response_status, r.response_body,
-                                r.attempt, r.expires_at, r.claim, r.retry_after;
-            RETURN;
+            IF r.outcome <> 'refused' THEN
+                RETURN QUERY SELECT r.outcome, r.response_status, r.response_body,
+                                    r.attempt, r.expires_at, r.claim, r.retry_after;
+                RETURN;
+            END IF;
         EXCEPTION WHEN SQLSTATE '55R01' THEN
             NULL;   -- no longer there: claimed on the current server below
         END;
@@ -1310,6 +1345,7 @@ DECLARE
     r       record;
     st      text;
     msg     text;
+    why     jsonb;
 BEGIN
     IF session_bound THEN
         RAISE EXCEPTION 'session-bound claims are not available through the idempotency router'
@@ -1319,12 +1355,18 @@ BEGIN
     END IF;
     ttl := COALESCE(ttl, idempotency.router_default('default_ttl', '24h'));
     lease := COALESCE(lease, LEAST(idempotency.router_default('default_lease', '60s'), ttl));
-    FOR i IN 1 .. 7 LOOP
+    FOR i IN 1 .. 8 LOOP
+        -- a shard's refusal is a row (outcome 'refused', its reason in
+        -- response_body), so that PL/Proxy keeps the connection; a 55R01
+        -- raised by a shard is taken the same way
         BEGIN
             SELECT * INTO r FROM idempotency.route_acquire(h, key, request, scope, ttl, lease);
-            RETURN QUERY SELECT r.outcome, r.response_status, r.response_body,
-                                r.attempt, r.expires_at, r.claim, r.retry_after;
-            RETURN;
+            IF r.outcome <> 'refused' THEN
+                RETURN QUERY SELECT r.outcome, r.response_status, r.response_body,
+                                    r.attempt, r.expires_at, r.claim, r.retry_after;
+                RETURN;
+            END IF;
+            why := r.response_body;
         EXCEPTION WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
             IF idempotency.shard_failure(st, msg) THEN
@@ -1333,13 +1375,19 @@ BEGIN
                           DETAIL = msg,
                           HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
             END IF;
-            IF st <> '55R01' OR i = 7 THEN
+            IF st <> '55R01' OR i = 8 THEN
                 RAISE;
             END IF;
+            why := NULL;
         END;
+        IF i = 8 THEN
+            RAISE EXCEPTION '%', why->>'message'
+                USING ERRCODE = '55R01', DETAIL = why->>'detail',
+                      HINT = 'A growth of the cluster is being switched: retry the call.';
+        END IF;
         -- reload and run again at once; refused again, a growth is being
         -- switched (its layout installed on some shards, not yet in force
-        -- on all): wait for it, 10 to 160 ms a time, 0.3 s in all
+        -- on all): wait for it, 10 to 320 ms a time, 0.6 s in all
         IF i > 1 THEN
             PERFORM pg_sleep(0.005 * (2 ^ (i - 1)));
         END IF;
@@ -1362,11 +1410,14 @@ DECLARE
     msg     text;
 BEGIN
     ttl := COALESCE(ttl, idempotency.router_default('default_ttl', '24h'));
-    FOR i IN 1 .. 7 LOOP
+    FOR i IN 1 .. 8 LOOP
         BEGIN
+            -- NULL: refused (a row, not an error: the connection is kept)
             t := idempotency.px_owned_token_issue(h, (idempotency.placement()).layout_version, scope, ttl)
                  || idempotency.token_tag(h);
-            RETURN t || idempotency.token_check(t);
+            IF t IS NOT NULL THEN
+                RETURN t || idempotency.token_check(t);
+            END IF;
         EXCEPTION WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
             IF idempotency.shard_failure(st, msg) THEN
@@ -1375,13 +1426,18 @@ BEGIN
                           DETAIL = msg,
                           HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
             END IF;
-            IF st <> '55R01' OR i = 7 THEN
+            IF st <> '55R01' OR i = 8 THEN
                 RAISE;
             END IF;
         END;
+        IF i = 8 THEN
+            RAISE EXCEPTION 'partition % is not owned by its shard under this router''s layout', h
+                USING ERRCODE = '55R01',
+                      HINT = 'A growth of the cluster is being switched: retry the call.';
+        END IF;
         -- reload and run again at once; refused again, a growth is being
         -- switched (its layout installed on some shards, not yet in force
-        -- on all): wait for it, 10 to 160 ms a time, 0.3 s in all
+        -- on all): wait for it, 10 to 320 ms a time, 0.6 s in all
         IF i > 1 THEN
             PERFORM pg_sleep(0.005 * (2 ^ (i - 1)));
         END IF;
@@ -1706,6 +1762,8 @@ DECLARE
     c           text;
     switched    timestamptz;
     until       timestamptz;
+    all_servers text[];
+    n           int;
 BEGIN
     PERFORM pg_advisory_xact_lock(pg_catalog.hashtext('idempotency_proxy.cluster'));
     SELECT s.* INTO st FROM idempotency.cluster_state s;
@@ -1751,14 +1809,25 @@ BEGIN
     switched := clock_timestamp();
     until := switched + consult_previous;
 
-    FOR c IN SELECT DISTINCT x FROM unnest(st.connstrs || map) x LOOP
-        PERFORM idempotency.px_layout_install_at(c, v, false, map,
-            idempotency.owned_partitions(map, c), st.connstrs,
-            idempotency.owned_partitions(st.connstrs, c), switched, until);
-    END LOOP;
-    FOR c IN SELECT DISTINCT x FROM unnest(st.connstrs || map) x LOOP
-        PERFORM idempotency.px_layout_activate_at(c, v);
-    END LOOP;
+    -- install on every server at once, then put in force on every server
+    -- at once (no server before all have it installed: proxy/README.md,
+    -- "Why a key never runs on two shards", step 3)
+    all_servers := ARRAY(SELECT DISTINCT x FROM unnest(st.connstrs || map) x ORDER BY 1);
+    n := cardinality(all_servers);
+    PERFORM idempotency.set_server('idempotency_cluster_grow',
+        all_servers || array_fill(all_servers[1], ARRAY[(1 << ceil(log(2, n))::int) - n]));
+    PERFORM count(*) FROM idempotency.px_layout_install_all(
+        ARRAY(SELECT g - 1 FROM generate_series(1, n) g),
+        ARRAY(SELECT idempotency.owned_partitions(map, all_servers[g])::text FROM generate_series(1, n) g),
+        ARRAY(SELECT idempotency.owned_partitions(st.connstrs, all_servers[g])::text FROM generate_series(1, n) g),
+        v, false, map, st.connstrs, switched, until);
+    PERFORM count(*) FROM idempotency.px_layout_activate_all(v);
+    DROP USER MAPPING FOR PUBLIC SERVER idempotency_cluster_grow;
+    DROP SERVER idempotency_cluster_grow;
+    -- a call that reloaded the layout may be applying it (cluster_apply
+    -- skips a locked placement): wait for it, so that this router has the
+    -- layout when the growth commits, whether that call commits or not
+    PERFORM FROM idempotency.cluster_state FOR UPDATE;
     PERFORM idempotency.cluster_apply(v, map, st.connstrs, switched, until);
     RETURN QUERY SELECT (g.n - 1)::int, map[g.n],
                         st.connstrs[((g.n - 1) & (cardinality(st.connstrs) - 1)) + 1]
@@ -1810,6 +1879,8 @@ REVOKE ALL ON FUNCTION idempotency.px_layout_get_at(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.px_layout_install_at(text, bigint, boolean, text[], int[], text[], int[], timestamptz, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.px_layout_activate_at(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.px_layout_close_at(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.px_layout_install_all(int[], text[], text[], bigint, boolean, text[], text[], timestamptz, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.px_layout_activate_all(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.owned_partitions(text[], text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.copy_access() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.cluster_apply(bigint, text[], text[], timestamptz, timestamptz) FROM PUBLIC;
@@ -1898,4 +1969,38 @@ AS $$
     SELECT c.scope, c.key, c.attempt, c.created_at, c.locked_until,
            c.expires_at, c.owner_pid, c.reason
       FROM idempotency.stale_claims c;
+$$;
+
+--
+-- The router's cost (issue 28): key_hash and moved run on every call.  As
+-- SQL functions they are not inlined (key_hash's body is only STABLE,
+-- convert_to; moved's VOLATILE, clock_timestamp), so each call parsed and
+-- planned their bodies again (a fifth of the router backend's CPU, in
+-- perf).  As PL/pgSQL their expressions are planned once a session.  Same
+-- results, same volatility.
+--
+CREATE OR REPLACE FUNCTION idempotency.key_hash(scope text, key text)
+RETURNS int
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    RETURN ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
+                pg_catalog.convert_to(COALESCE(scope, ''), 'UTF8')
+                OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea
+                OPERATOR(pg_catalog.||) pg_catalog.convert_to(COALESCE(key, ''), 'UTF8')), 1, 4), 'hex')
+           )::pg_catalog.bit(32)::pg_catalog.int4;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION idempotency.moved(st idempotency.cluster_state, hash int)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN st.previous IS NOT NULL
+       AND st.consult_until OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
+       AND st.previous[(hash OPERATOR(pg_catalog.&) (pg_catalog.cardinality(st.previous) OPERATOR(pg_catalog.-) 1)) OPERATOR(pg_catalog.+) 1]
+           IS DISTINCT FROM
+           st.connstrs[(hash OPERATOR(pg_catalog.&) (pg_catalog.cardinality(st.connstrs) OPERATOR(pg_catalog.-) 1)) OPERATOR(pg_catalog.+) 1];
+END
 $$;

@@ -13,8 +13,11 @@
 #     the layout back from the shards and serves at once;
 #   - a monitoring role with exactly the grants docs/reference.md (shards) and
 #     proxy/README.md (router) give reads the router's statistics views;
-#   - a shard refuses a claim of a key it does not own, and one from a
-#     router with another layout, with SQLSTATE 55R01.
+#   - a shard refuses a claim of a key it does not own, and one of a key
+#     that moved to it from a router at another layout, with a row
+#     (outcome refused) and no record left; a key that did not move is
+#     claimed from a router at any layout; the look at a previous shard
+#     at another layout raises SQLSTATE 55R01.
 
 use strict;
 use warnings;
@@ -213,16 +216,31 @@ SELECT count(*) >= 0 FROM idempotency.stale_claims;}),
 	'a monitoring role with the documented grants reads stats, acquire_duration and stale_claims through the router');
 
 # ------------------------------------------------------------------
-# The shards' own refusals
-my $h_other = on($r1, "SELECT k FROM generate_series(1, 100) g, LATERAL (SELECT 'own' || g AS k) x
-                        WHERE idempotency.key_hash('m', k) & 3 = 1 LIMIT 1");
-my ($state) = sqlstate_of_psql($shards[0], 'postgres',
-	"SELECT * FROM idempotency.shard_acquire((SELECT version FROM idempotency.shard_layout_get()), '$h_other', NULL, 'm', '1h', '1m')");
-is($state, '55R01', 'a shard refuses a claim of a key another shard owns (55R01)');
-($state) = sqlstate_of_psql($shards[1], 'postgres',
-	"SELECT * FROM idempotency.shard_acquire(1, '$h_other', NULL, 'm', '1h', '1m')");
-is($state, '55R01', 'and one from a router at an older layout, even of a key it owns');
-is(homes('m', $h_other)->{$h_other}, '', '(neither left a record)');
+# The shards' own refusals: a row (outcome 'refused'), so that PL/Proxy
+# keeps its connection, and nothing left of the claim.  Layout 2 is in
+# force, its window open: a key of partition 1 (of 4) stayed on shard 1, a
+# key of partition 2 moved from shard 0 to shard 2.
+my ($k_other, $k_moved, $k_stayed) = map {
+	my $p = $_->[0];
+	on($r1, "SELECT k FROM generate_series(1, 200) g, LATERAL (SELECT '$_->[1]' || g AS k) x
+	          WHERE idempotency.key_hash('m', k) & 3 = $p LIMIT 1")
+} ([ 1, 'own' ], [ 2, 'moved' ], [ 1, 'stayed' ]);
+my $acq = sub {
+	my ($shard, $layout, $key) = @_;
+	return on($shard, "SELECT outcome, response_body->>'message' FROM idempotency.shard_acquire($layout, '$key', NULL, 'm', '1h', '1m')");
+};
+like($acq->($shards[0], '(SELECT version FROM idempotency.shard_layout_get())', $k_other),
+	qr/^refused\|partition 1 of layout 2 is not owned by this shard$/,
+	'a shard refuses a claim of a key another shard owns (a row: refused, and why)');
+like($acq->($shards[2], 1, $k_moved), qr/^refused\|the router's layout 1 is not this shard's layout 2$/,
+	'and a claim of a key that moved to it from a router at the older layout (that router did not look at its previous shard)');
+like($acq->($shards[1], 1, $k_stayed), qr/^acquired\|$/,
+	'a key that did not move is claimed from a router at any layout: a growth refuses no call of it');
+is_deeply(homes('m', $k_other, $k_moved, $k_stayed), { $k_other => '', $k_moved => '', $k_stayed => '1' },
+	'(the refused claims left no record)');
+my ($state) = sqlstate_of_psql($shards[1], 'postgres',
+	"SELECT * FROM idempotency.shard_lookup(1, '$k_stayed', 'm')");
+is($state, '55R01', 'the look at a previous shard is answered only at its own layout (55R01)');
 ($state) = sqlstate_of_psql($shards[1], 'postgres',
 	"SELECT * FROM idempotency.shard_acquire(1, NULL, NULL, 'm', '1h', '1m')");
 is($state, '22004', 'bad input still raises what a direct call raises');
