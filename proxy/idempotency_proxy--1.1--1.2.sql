@@ -746,6 +746,44 @@ $$;
 -- reload and retry.  Each shard's step waits for the claims in flight
 -- there (in steps of 20 ms).  Run again with the same servers if it
 -- failed half way.  Returns the partitions and where each was before.
+-- cluster_switch(version, map, previous, switched_at, consult_until): put
+-- a layout in force on every server it names (map and previous): first
+-- install it, not in force, on every one of them at once, then put it in
+-- force on every one at once; never in force anywhere before every server
+-- has it (proxy/README.md, "Why a key never runs on two shards", step 3).
+-- Installing again where a server has it already is harmless (the shard
+-- rewrites it), so a growth that stopped half way is finished the same way.
+CREATE FUNCTION idempotency.cluster_switch(version bigint, map text[],
+    previous text[], switched_at timestamptz, consult_until timestamptz)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    all_servers text[] := ARRAY(SELECT DISTINCT x FROM unnest(map || COALESCE(previous, '{}')) x ORDER BY 1);
+    n           int := cardinality(all_servers);
+    done        boolean;
+BEGIN
+    PERFORM idempotency.set_server('idempotency_cluster_grow',
+        all_servers || array_fill(all_servers[1], ARRAY[(1 << ceil(log(2, n))::int) - n]));
+    PERFORM count(*) FROM idempotency.px_layout_install_all(
+        ARRAY(SELECT g - 1 FROM generate_series(1, n) g),
+        ARRAY(SELECT idempotency.owned_partitions(map, all_servers[g])::text FROM generate_series(1, n) g),
+        ARRAY(SELECT CASE WHEN previous IS NOT NULL THEN idempotency.owned_partitions(previous, all_servers[g])::text END
+              FROM generate_series(1, n) g),
+        version, false, map, previous, switched_at, consult_until);
+    SELECT bool_and(a) INTO done FROM idempotency.px_layout_activate_all(version) a;
+    DROP USER MAPPING FOR PUBLIC SERVER idempotency_cluster_grow;
+    DROP SERVER idempotency_cluster_grow;
+    IF NOT done THEN
+        RAISE EXCEPTION 'layout % could not be put in force on every server', version
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'A server no longer had it when it was put in force: another router may be growing the cluster.',
+                  HINT = 'Grow from one router at a time; run idempotency.cluster_grow() again with the same servers.';
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION idempotency.cluster_grow(servers text[], partitions int DEFAULT NULL,
     consult_previous interval DEFAULT NULL)
 RETURNS TABLE (partition int, connstr text, previous_connstr text)
@@ -757,11 +795,8 @@ DECLARE
     st          idempotency.cluster_state;
     best        record;
     v           bigint;
-    c           text;
     switched    timestamptz;
     until       timestamptz;
-    all_servers text[];
-    n           int;
 BEGIN
     PERFORM pg_advisory_xact_lock(pg_catalog.hashtext('idempotency_proxy.cluster'));
     SELECT s.* INTO st FROM idempotency.cluster_state s;
@@ -770,26 +805,31 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Use idempotency.cluster_create() first.';
     END IF;
-    -- this router may be behind another: take the newest layout first
+    -- the newest layout any server has
     SELECT l.* INTO best FROM idempotency.cluster_layouts(st.connstrs || map) l
      WHERE l.version IS NOT NULL
      ORDER BY l.version DESC LIMIT 1;
+    -- not in force on every server it names: a growth that stopped half
+    -- way (here or on another router); finish it, installing it again
+    -- everywhere before it is put in force anywhere
+    IF best.version IS NOT NULL AND EXISTS (
+           SELECT FROM idempotency.cluster_layouts(best.map || COALESCE(best.previous_map, '{}')) l
+            WHERE l.version IS DISTINCT FROM best.version OR NOT l.active) THEN
+        PERFORM idempotency.cluster_switch(best.version, best.map, best.previous_map,
+                                           best.switched_at, best.consult_until);
+        PERFORM FROM idempotency.cluster_state FOR UPDATE;
+        PERFORM idempotency.cluster_apply(best.version, best.map, best.previous_map,
+                                          best.switched_at, best.consult_until);
+        RETURN QUERY SELECT (g.n - 1)::int, best.map[g.n],
+                            best.previous_map[((g.n - 1) & (cardinality(best.previous_map) - 1)) + 1]
+                       FROM generate_subscripts(best.map, 1) g(n);
+        RETURN;
+    END IF;
+    -- in force everywhere: this router may be behind another, take it
     IF best.version > COALESCE(st.layout_version, 0) THEN
         PERFORM idempotency.cluster_apply(best.version, best.map, best.previous_map,
                                           best.switched_at, best.consult_until);
         SELECT s.* INTO st FROM idempotency.cluster_state s;
-    END IF;
-    -- a growth that stopped half way (installed, not in force everywhere):
-    -- finish it
-    IF EXISTS (SELECT FROM idempotency.cluster_layouts(st.connstrs || COALESCE(st.previous, '{}')) l
-                WHERE l.version = st.layout_version AND NOT l.active) THEN
-        FOR c IN SELECT DISTINCT x FROM unnest(st.connstrs || COALESCE(st.previous, '{}')) x LOOP
-            PERFORM idempotency.px_layout_activate_at(c, st.layout_version);
-        END LOOP;
-        RETURN QUERY SELECT (g.n - 1)::int, st.connstrs[g.n],
-                            st.previous[((g.n - 1) & (cardinality(st.previous) - 1)) + 1]
-                       FROM generate_subscripts(st.connstrs, 1) g(n);
-        RETURN;
     END IF;
     IF st.previous IS NOT NULL AND st.consult_until > clock_timestamp() THEN
         RAISE EXCEPTION 'a growth is under way until %', st.consult_until
@@ -806,22 +846,7 @@ BEGIN
     v := GREATEST(COALESCE(best.version, 0), COALESCE(st.layout_version, 0)) + 1;
     switched := clock_timestamp();
     until := switched + consult_previous;
-
-    -- install on every server at once, then put in force on every server
-    -- at once (no server before all have it installed: proxy/README.md,
-    -- "Why a key never runs on two shards", step 3)
-    all_servers := ARRAY(SELECT DISTINCT x FROM unnest(st.connstrs || map) x ORDER BY 1);
-    n := cardinality(all_servers);
-    PERFORM idempotency.set_server('idempotency_cluster_grow',
-        all_servers || array_fill(all_servers[1], ARRAY[(1 << ceil(log(2, n))::int) - n]));
-    PERFORM count(*) FROM idempotency.px_layout_install_all(
-        ARRAY(SELECT g - 1 FROM generate_series(1, n) g),
-        ARRAY(SELECT idempotency.owned_partitions(map, all_servers[g])::text FROM generate_series(1, n) g),
-        ARRAY(SELECT idempotency.owned_partitions(st.connstrs, all_servers[g])::text FROM generate_series(1, n) g),
-        v, false, map, st.connstrs, switched, until);
-    PERFORM count(*) FROM idempotency.px_layout_activate_all(v);
-    DROP USER MAPPING FOR PUBLIC SERVER idempotency_cluster_grow;
-    DROP SERVER idempotency_cluster_grow;
+    PERFORM idempotency.cluster_switch(v, map, st.connstrs, switched, until);
     -- a call that reloaded the layout may be applying it (cluster_apply
     -- skips a locked placement): wait for it, so that this router has the
     -- layout when the growth commits, whether that call commits or not
@@ -879,6 +904,7 @@ REVOKE ALL ON FUNCTION idempotency.px_layout_activate_at(text, bigint) FROM PUBL
 REVOKE ALL ON FUNCTION idempotency.px_layout_close_at(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.px_layout_install_all(int[], text[], text[], bigint, boolean, text[], text[], timestamptz, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.px_layout_activate_all(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.cluster_switch(bigint, text[], text[], timestamptz, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.owned_partitions(text[], text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.copy_access() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.cluster_apply(bigint, text[], text[], timestamptz, timestamptz) FROM PUBLIC;
