@@ -14,7 +14,8 @@
 #   - a router updated from 1.1 over a shard still at 1.1: the grants of
 #     idem_acquire, idem_complete and idem_lookup are kept (idem_checkpoint
 #     gets idem_complete's, idem_forget none); lookup answers 1.1's
-#     columns; complete with headers, checkpoint and forget raise 0A000.
+#     columns; complete with headers, checkpoint and forget raise 0A000;
+#     its functions are those of a router created at 1.2.
 
 use strict;
 use warnings;
@@ -149,5 +150,14 @@ for my $call (
 }
 is($r11->safe_psql('postgres', "SELECT idempotency.idem_complete('o1', 200, NULL, 's')"),
 	't', 'idem_complete without headers works over a 1.1 shard');
+
+# the updated router's functions are the fresh 1.2 router's
+my $defs = q{
+SELECT string_agg(p.oid::regprocedure::text || ' ' || pg_get_function_result(p.oid)
+                  || ' ' || md5(p.prosrc) || ' ' || p.provolatile::text || p.prorows, E'\n'
+                  ORDER BY p.oid::regprocedure::text)
+  FROM pg_proc p WHERE p.pronamespace = 'idempotency'::regnamespace};
+is($r11->safe_psql('postgres', $defs), $router->safe_psql('postgres', $defs),
+	'a router updated from 1.1 has the functions of a fresh 1.2 one');
 
 done_testing();
