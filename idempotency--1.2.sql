@@ -1388,7 +1388,8 @@ BEGIN
 END
 $$;
 
--- shard_acquire(layout, ...): idem_acquire (1.1's columns), unless this
+-- shard_acquire(layout, ..., trace): idem_acquire (1.2's columns, and
+-- its trace), unless this
 -- shard may not answer the key under the router's layout: then one row
 -- with outcome 'refused' and the reason in response_body (message,
 -- detail), and nothing is left of the call (a new claim it made is
@@ -1400,10 +1401,12 @@ $$;
 -- leave) raises 55R01, which rolls it back.  Bad input raises what
 -- idem_acquire raises, before the check.
 CREATE FUNCTION idempotency.shard_acquire(layout bigint, key text,
-    request jsonb, scope text, ttl interval, lease interval)
+    request jsonb, scope text, ttl interval, lease interval,
+    trace text DEFAULT NULL)
 RETURNS TABLE (outcome text, response_status int, response_body jsonb,
                attempt int, expires_at timestamptz, claim uuid,
-               retry_after int)
+               retry_after int, phase text, state jsonb,
+               response_headers jsonb, origin_trace text)
 LANGUAGE plpgsql VOLATILE ROWS 1
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1412,9 +1415,10 @@ DECLARE
     r   record;
 BEGIN
     SELECT x.outcome, x.response_status, x.response_body, x.attempt,
-           x.expires_at, x.claim, x.retry_after
+           x.expires_at, x.claim, x.retry_after, x.phase, x.state,
+           x.response_headers, x.origin_trace
       INTO a
-      FROM idempotency.idem_acquire($2, $3, $4, $5, $6) x;
+      FROM idempotency.idem_acquire($2, $3, $4, $5, $6, false, $7) x;
     SELECT * INTO r
       FROM idempotency.shard_refusal($1, idempotency.shard_key_hash($4, $2),
                                      a.outcome = 'acquired' AND a.attempt = 1);
@@ -1426,6 +1430,10 @@ BEGIN
         expires_at := a.expires_at;
         claim := a.claim;
         retry_after := a.retry_after;
+        phase := a.phase;
+        state := a.state;
+        response_headers := a.response_headers;
+        origin_trace := a.origin_trace;
     ELSIF a.outcome = 'acquired' AND a.attempt = 1 THEN
         PERFORM idempotency.idem_release($2, $4, 1, a.claim);
         outcome := 'refused';
@@ -1619,7 +1627,7 @@ REVOKE ALL ON FUNCTION idempotency.shard_layout_close(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_key_hash(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_refusal(bigint, int, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_check(bigint, int, boolean) FROM PUBLIC;
-REVOKE ALL ON FUNCTION idempotency.shard_acquire(bigint, text, jsonb, text, interval, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.shard_acquire(bigint, text, jsonb, text, interval, interval, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_lookup(bigint, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_token_issue(bigint, int, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_owns(text, text) FROM PUBLIC;

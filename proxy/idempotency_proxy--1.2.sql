@@ -1041,15 +1041,16 @@ COMMENT ON COLUMN idempotency.cluster_state.layout_version IS
 --
 CREATE FUNCTION idempotency.px_owned_acquire(previous boolean, hash int,
     layout bigint, key text, request jsonb, scope text, ttl interval,
-    lease interval)
+    lease interval, trace text)
 RETURNS TABLE (outcome text, response_status int, response_body jsonb,
                attempt int, expires_at timestamptz, claim uuid,
-               retry_after int)
+               retry_after int, phase text, state jsonb,
+               response_headers jsonb, origin_trace text)
 LANGUAGE plproxy
 AS $$
     CLUSTER idempotency.cluster_name(previous);
     RUN ON hash;
-    SELECT * FROM idempotency.shard_acquire(layout, key, request, scope, ttl, lease);
+    SELECT * FROM idempotency.shard_acquire(layout, key, request, scope, ttl, lease, trace);
 $$;
 
 CREATE FUNCTION idempotency.px_owned_lookup(previous boolean, hash int,
@@ -1289,18 +1290,30 @@ $$;
 -- The routed functions of 1.2: claims go through the shards' checks.
 --
 
+-- idem_acquire, idem_complete and idem_lookup change their parameters or
+-- results (issue 29, the main extension's 1.2): the 1.1 functions are
+-- renamed, not dropped, until their grants are copied to the new ones
+-- (at the end of this script).
+ALTER FUNCTION idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean)
+    RENAME TO idem_acquire_1_1;
+ALTER FUNCTION idempotency.idem_complete(text, int, jsonb, text, int, uuid)
+    RENAME TO idem_complete_1_1;
+ALTER FUNCTION idempotency.idem_lookup(text, text)
+    RENAME TO idem_lookup_1_1;
+
 -- route_acquire(...): one routing of idem_acquire under the placement now
 -- in force; a shard's refusal (a row with outcome 'refused', or 55R01)
 -- comes out (idem_acquire reloads, retries).  A moved key (growth window)
 -- whose live record is on its previous server is answered there; when
 -- that record vanished between the look and the claim, the previous
 -- server refuses the new claim and the key is claimed on its current
--- server.
+-- server.  The result has idem_acquire's 1.2 columns.
 CREATE FUNCTION idempotency.route_acquire(h int, key text, request jsonb,
-    scope text, ttl interval, lease interval)
+    scope text, ttl interval, lease interval, trace text)
 RETURNS TABLE (outcome text, response_status int, response_body jsonb,
                attempt int, expires_at timestamptz, claim uuid,
-               retry_after int)
+               retry_after int, phase text, state jsonb,
+               response_headers jsonb, origin_trace text)
 LANGUAGE plpgsql VOLATILE ROWS 1
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1312,10 +1325,11 @@ BEGIN
        AND EXISTS (SELECT FROM idempotency.px_owned_lookup(true, h, st.layout_version, key, scope)) THEN
         BEGIN
             SELECT * INTO r FROM idempotency.px_owned_acquire(true, h, st.layout_version,
-                                                               key, request, scope, ttl, lease);
+                                                               key, request, scope, ttl, lease, trace);
             IF r.outcome <> 'refused' THEN
                 RETURN QUERY SELECT r.outcome, r.response_status, r.response_body,
-                                    r.attempt, r.expires_at, r.claim, r.retry_after;
+                                    r.attempt, r.expires_at, r.claim, r.retry_after,
+                                    r.phase, r.state, r.response_headers, r.origin_trace;
                 RETURN;
             END IF;
         EXCEPTION WHEN SQLSTATE '55R01' THEN
@@ -1323,20 +1337,25 @@ BEGIN
         END;
     END IF;
     RETURN QUERY SELECT * FROM idempotency.px_owned_acquire(false, h, st.layout_version,
-                                                             key, request, scope, ttl, lease);
+                                                             key, request, scope, ttl, lease, trace);
 END
 $$;
 
-CREATE OR REPLACE FUNCTION idempotency.idem_acquire(
+-- idem_acquire(..., trace): as in the main extension's 1.2 (trace stored
+-- with the claim; phase, state, response_headers and origin_trace at the
+-- end), routed by route_acquire.  Needs every shard at idempotency 1.2.
+CREATE FUNCTION idempotency.idem_acquire(
     key             text,
     request         jsonb    DEFAULT NULL,
     scope           text     DEFAULT '',
     ttl             interval DEFAULT NULL,
     lease           interval DEFAULT NULL,
-    session_bound   boolean  DEFAULT false)
+    session_bound   boolean  DEFAULT false,
+    trace           text     DEFAULT NULL)
 RETURNS TABLE (outcome text, response_status int, response_body jsonb,
                attempt int, expires_at timestamptz, claim uuid,
-               retry_after int)
+               retry_after int, phase text, state jsonb,
+               response_headers jsonb, origin_trace text)
 LANGUAGE plpgsql VOLATILE ROWS 1
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1360,10 +1379,11 @@ BEGIN
         -- response_body), so that PL/Proxy keeps the connection; a 55R01
         -- raised by a shard is taken the same way
         BEGIN
-            SELECT * INTO r FROM idempotency.route_acquire(h, key, request, scope, ttl, lease);
+            SELECT * INTO r FROM idempotency.route_acquire(h, key, request, scope, ttl, lease, trace);
             IF r.outcome <> 'refused' THEN
                 RETURN QUERY SELECT r.outcome, r.response_status, r.response_body,
-                                    r.attempt, r.expires_at, r.claim, r.retry_after;
+                                    r.attempt, r.expires_at, r.claim, r.retry_after,
+                                    r.phase, r.state, r.response_headers, r.origin_trace;
                 RETURN;
             END IF;
             why := r.response_body;
@@ -1485,24 +1505,31 @@ $$;
 
 -- The routed functions that were 1.1's: a shard that ended the connection
 -- (57P01 after it was stopped, ...) is reported as 08006 too.
-CREATE OR REPLACE FUNCTION idempotency.idem_complete(
-    key             text,
-    response_status int,
-    response_body   jsonb DEFAULT NULL,
-    scope           text  DEFAULT '',
-    attempt         int   DEFAULT NULL,
-    claim           uuid  DEFAULT NULL)
+-- idem_complete(..., response_headers): stored for replays (1.2).
+CREATE FUNCTION idempotency.idem_complete(
+    key              text,
+    response_status  int,
+    response_body    jsonb DEFAULT NULL,
+    scope            text  DEFAULT '',
+    attempt          int   DEFAULT NULL,
+    claim            uuid  DEFAULT NULL,
+    response_headers jsonb DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     h   int := idempotency.key_hash(scope, key);
+    p   boolean := idempotency.record_is_previous(idempotency.placement(), h, key, scope);
     st  text;
     msg text;
 BEGIN
-    RETURN idempotency.px_complete(idempotency.record_is_previous(idempotency.placement(), h, key, scope),
-                                   h, key, response_status, response_body, scope, attempt, claim);
+    -- without headers, 1.1's call (a shard still at 1.1 answers it)
+    IF response_headers IS NULL THEN
+        RETURN idempotency.px_complete(p, h, key, response_status, response_body, scope, attempt, claim);
+    END IF;
+    RETURN idempotency.px_complete_1_2(p, h, key, response_status, response_body, scope,
+                                       attempt, claim, response_headers);
 EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
     IF idempotency.shard_failure(st, msg) THEN
@@ -1510,6 +1537,12 @@ EXCEPTION WHEN OTHERS THEN
             USING ERRCODE = 'connection_failure',
                   DETAIL = msg,
                   HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    IF st IN ('42883', '42703') THEN
+        RAISE EXCEPTION '% needs its shard at idempotency 1.2', 'idem_complete with response_headers'
+            USING ERRCODE = 'feature_not_supported',
+                  DETAIL = msg,
+                  HINT = 'Update the extension idempotency on every shard to 1.2 first.';
     END IF;
     RAISE;
 END
@@ -1572,13 +1605,15 @@ EXCEPTION WHEN OTHERS THEN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION idempotency.idem_lookup(
+-- idem_lookup: 1.2's columns (NULL from a shard still at 1.1).
+CREATE FUNCTION idempotency.idem_lookup(
     key         text,
     scope       text DEFAULT '')
 RETURNS TABLE (status text, request_hash bytea, response_status int,
                response_body jsonb, attempt int, created_at timestamptz,
                locked_until timestamptz, completed_at timestamptz,
-               expires_at timestamptz, owner_pid int)
+               expires_at timestamptz, owner_pid int, phase text,
+               state jsonb, response_headers jsonb, origin_trace text)
 LANGUAGE plpgsql VOLATILE ROWS 1
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1588,10 +1623,20 @@ DECLARE
     s   text;
     msg text;
 BEGIN
-    RETURN QUERY SELECT * FROM idempotency.px_lookup(false, h, key, scope);
-    IF NOT FOUND AND idempotency.moved(st, h) THEN
-        RETURN QUERY SELECT * FROM idempotency.px_lookup(true, h, key, scope);
-    END IF;
+    BEGIN
+        RETURN QUERY SELECT * FROM idempotency.px_lookup_1_2(false, h, key, scope);
+        IF NOT FOUND AND idempotency.moved(st, h) THEN
+            RETURN QUERY SELECT * FROM idempotency.px_lookup_1_2(true, h, key, scope);
+        END IF;
+    EXCEPTION WHEN undefined_column THEN
+        -- a shard still at 1.1 (no 1.2 columns): its 1.1 row, the rest NULL
+        RETURN QUERY SELECT l.*, NULL::text, NULL::jsonb, NULL::jsonb, NULL::text
+                       FROM idempotency.px_lookup(false, h, key, scope) l;
+        IF NOT FOUND AND idempotency.moved(st, h) THEN
+            RETURN QUERY SELECT l.*, NULL::text, NULL::jsonb, NULL::jsonb, NULL::text
+                           FROM idempotency.px_lookup(true, h, key, scope) l;
+        END IF;
+    END;
 EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS s = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
     IF idempotency.shard_failure(s, msg) THEN
@@ -1896,7 +1941,7 @@ END
 $$;
 
 -- Nothing new is granted to PUBLIC.
-REVOKE ALL ON FUNCTION idempotency.px_owned_acquire(boolean, int, bigint, text, jsonb, text, interval, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.px_owned_acquire(boolean, int, bigint, text, jsonb, text, interval, interval, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.px_owned_lookup(boolean, int, bigint, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.px_owned_token_issue(int, bigint, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.px_layout_get(int) FROM PUBLIC;
@@ -1912,7 +1957,7 @@ REVOKE ALL ON FUNCTION idempotency.copy_access() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.cluster_apply(bigint, text[], text[], timestamptz, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.cluster_reload(int) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_failure(text, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION idempotency.route_acquire(int, text, jsonb, text, interval, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.route_acquire(int, text, jsonb, text, interval, interval, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.token_check(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.router_setting(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.cluster_layouts(text[]) FROM PUBLIC;
@@ -2030,3 +2075,230 @@ BEGIN
            st.connstrs[(hash OPERATOR(pg_catalog.&) (pg_catalog.cardinality(st.connstrs) OPERATOR(pg_catalog.-) 1)) OPERATOR(pg_catalog.+) 1];
 END
 $$;
+
+--
+-- The main extension's 1.2 functions through the router (issue 29):
+-- idem_acquire's trace and its 1.2 columns, idem_complete's
+-- response_headers and idem_lookup's 1.2 columns (above), idem_checkpoint
+-- and idem_forget (here), each run on its key's shard.  Over a shard still
+-- at idempotency 1.1, a call that needs 1.2 (complete with headers, a
+-- checkpoint, a forget) raises 0A000; lookup answers 1.1's columns and
+-- NULL for the others; every claim already needs 1.2 (shard_acquire).
+--
+
+CREATE FUNCTION idempotency.px_complete_1_2(previous boolean, hash int,
+    key text, response_status int, response_body jsonb, scope text,
+    attempt int, claim uuid, response_headers jsonb)
+RETURNS boolean
+LANGUAGE plproxy
+AS $$
+    CLUSTER idempotency.cluster_name(previous);
+    RUN ON hash;
+    SELECT idempotency.idem_complete(key, response_status, response_body, scope, attempt,
+                                     claim, response_headers) AS px_complete_1_2;
+$$;
+
+CREATE FUNCTION idempotency.px_lookup_1_2(previous boolean, hash int,
+    key text, scope text)
+RETURNS TABLE (status text, request_hash bytea, response_status int,
+               response_body jsonb, attempt int, created_at timestamptz,
+               locked_until timestamptz, completed_at timestamptz,
+               expires_at timestamptz, owner_pid int, phase text,
+               state jsonb, response_headers jsonb, origin_trace text)
+LANGUAGE plproxy
+AS $$
+    CLUSTER idempotency.cluster_name(previous);
+    RUN ON hash;
+    SELECT l.status, l.request_hash, l.response_status, l.response_body,
+           l.attempt, l.created_at, l.locked_until, l.completed_at,
+           l.expires_at, l.owner_pid, l.phase, l.state, l.response_headers,
+           l.origin_trace
+      FROM idempotency.idem_lookup(key, scope) l;
+$$;
+
+CREATE FUNCTION idempotency.px_checkpoint(previous boolean, hash int,
+    key text, scope text, claim uuid, phase text, state jsonb)
+RETURNS timestamptz
+LANGUAGE plproxy
+AS $$
+    CLUSTER idempotency.cluster_name(previous);
+    RUN ON hash;
+    SELECT idempotency.idem_checkpoint(key, scope, claim, phase, state) AS px_checkpoint;
+$$;
+
+CREATE FUNCTION idempotency.px_forget(previous boolean, hash int,
+    key text, scope text)
+RETURNS boolean
+LANGUAGE plproxy
+AS $$
+    CLUSTER idempotency.cluster_name(previous);
+    RUN ON hash;
+    SELECT idempotency.idem_forget(key, scope) AS px_forget;
+$$;
+
+-- idem_checkpoint(key, scope, claim, phase, state): on the shard that
+-- holds the key's live record.  Committed on the shard when the call
+-- returns (a routed call is a transaction of its own there), not with the
+-- caller's transaction on the router.
+CREATE FUNCTION idempotency.idem_checkpoint(
+    key         text,
+    scope       text  DEFAULT '',
+    claim       uuid  DEFAULT NULL,
+    phase       text  DEFAULT NULL,
+    state       jsonb DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    h   int := idempotency.key_hash(scope, key);
+    st  text;
+    msg text;
+BEGIN
+    RETURN idempotency.px_checkpoint(idempotency.record_is_previous(idempotency.placement(), h, key, scope),
+                                     h, key, scope, claim, phase, state);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+    IF idempotency.shard_failure(st, msg) THEN
+        RAISE EXCEPTION 'idempotency shard unavailable'
+            USING ERRCODE = 'connection_failure',
+                  DETAIL = msg,
+                  HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    IF st IN ('42883', '42703') THEN
+        RAISE EXCEPTION '% needs its shard at idempotency 1.2', 'idem_checkpoint'
+            USING ERRCODE = 'feature_not_supported',
+                  DETAIL = msg,
+                  HINT = 'Update the extension idempotency on every shard to 1.2 first.';
+    END IF;
+    RAISE;
+END
+$$;
+
+-- idem_forget(key, scope): on the key's shard, and during a growth window
+-- on its previous shard too when the key moved (its record may be on
+-- either).  True when a record was removed.  The role needs EXECUTE on
+-- idem_forget on the shards too (PL/Proxy connects as the caller).
+CREATE FUNCTION idempotency.idem_forget(
+    key         text,
+    scope       text DEFAULT '')
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    sp  idempotency.cluster_state := idempotency.placement();
+    h   int := idempotency.key_hash(scope, key);
+    got boolean;
+    st  text;
+    msg text;
+BEGIN
+    got := idempotency.px_forget(false, h, key, scope);
+    IF idempotency.moved(sp, h) THEN
+        got := idempotency.px_forget(true, h, key, scope) OR got;
+    END IF;
+    RETURN got;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+    IF idempotency.shard_failure(st, msg) THEN
+        RAISE EXCEPTION 'idempotency shard unavailable'
+            USING ERRCODE = 'connection_failure',
+                  DETAIL = msg,
+                  HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    IF st IN ('42883', '42703') THEN
+        RAISE EXCEPTION '% needs its shard at idempotency 1.2', 'idem_forget'
+            USING ERRCODE = 'feature_not_supported',
+                  DETAIL = msg,
+                  HINT = 'Update the extension idempotency on every shard to 1.2 first.';
+    END IF;
+    RAISE;
+END
+$$;
+
+REVOKE ALL ON FUNCTION idempotency.px_complete_1_2(boolean, int, text, int, jsonb, text, int, uuid, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.px_lookup_1_2(boolean, int, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.px_checkpoint(boolean, int, text, text, uuid, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.px_forget(boolean, int, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_complete(text, int, jsonb, text, int, uuid, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_lookup(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_checkpoint(text, text, uuid, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.idem_forget(text, text) FROM PUBLIC;
+
+--
+-- Grant on each new function what was granted on the old one, as the main
+-- extension's 1.1 -> 1.2 update does: idem_checkpoint to whoever may call
+-- idem_complete, idem_forget to nobody (an operator's grant).  The
+-- initial privileges are set back to what a fresh install records, so
+-- that pg_dump keeps dumping the user's grants.  (In a fresh install no
+-- 1.1 function exists and nothing is copied.)
+--
+DO $$
+DECLARE
+    pair        record;
+    grant_row   record;
+    initial     pg_catalog.aclitem[];
+BEGIN
+    FOR pair IN
+        SELECT o.oid AS old_oid, n.oid AS new_oid, n.proowner
+          FROM (VALUES
+                ('idem_acquire_1_1', 'idempotency.idem_acquire(text, jsonb, text, interval, interval, boolean, text)'),
+                ('idem_complete_1_1', 'idempotency.idem_complete(text, int, jsonb, text, int, uuid, jsonb)'),
+                ('idem_complete_1_1', 'idempotency.idem_checkpoint(text, text, uuid, text, jsonb)'),
+                ('idem_lookup_1_1', 'idempotency.idem_lookup(text, text)')) AS f(old_name, new_sig)
+          JOIN pg_catalog.pg_proc o
+            ON o.proname OPERATOR(pg_catalog.=) f.old_name
+           AND o.pronamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
+          JOIN pg_catalog.pg_proc n
+            ON n.oid OPERATOR(pg_catalog.=) f.new_sig::pg_catalog.regprocedure
+    LOOP
+        SELECT p.proacl INTO initial
+          FROM pg_catalog.pg_proc p
+         WHERE p.oid OPERATOR(pg_catalog.=) pair.new_oid;
+
+        FOR grant_row IN
+            SELECT a.grantee, a.is_grantable
+              FROM pg_catalog.pg_proc p,
+                   LATERAL pg_catalog.aclexplode(p.proacl) a
+             WHERE p.oid OPERATOR(pg_catalog.=) pair.old_oid
+               AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+               AND a.grantee OPERATOR(pg_catalog.<>) pair.proowner
+        LOOP
+            EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s',
+                pair.new_oid::pg_catalog.regprocedure,
+                CASE WHEN grant_row.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                     ELSE grant_row.grantee::pg_catalog.regrole::pg_catalog.text END,
+                CASE WHEN grant_row.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+        END LOOP;
+
+        UPDATE pg_catalog.pg_init_privs
+           SET initprivs = initial
+         WHERE objoid OPERATOR(pg_catalog.=) pair.new_oid
+           AND classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+           AND objsubid OPERATOR(pg_catalog.=) 0;
+
+        -- From PostgreSQL 17 on, roles named in initial privileges are also
+        -- shared dependencies (deptype 'i'); those of the grants just made
+        -- go with them, or the roles could not be dropped.
+        IF pg_catalog.current_setting('server_version_num')::pg_catalog.int4
+           OPERATOR(pg_catalog.>=) 170000 THEN
+            DELETE FROM pg_catalog.pg_shdepend d
+             WHERE d.deptype OPERATOR(pg_catalog.=) 'i'
+               AND d.dbid OPERATOR(pg_catalog.=)
+                   (SELECT db.oid FROM pg_catalog.pg_database db
+                     WHERE db.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+               AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+               AND d.objid OPERATOR(pg_catalog.=) pair.new_oid
+               AND d.objsubid OPERATOR(pg_catalog.=) 0
+               AND NOT EXISTS (SELECT FROM pg_catalog.aclexplode(initial) a
+                                WHERE a.grantee OPERATOR(pg_catalog.=) d.refobjid
+                                   OR a.grantor OPERATOR(pg_catalog.=) d.refobjid);
+        END IF;
+    END LOOP;
+END
+$$;
+
+DROP FUNCTION idempotency.idem_acquire_1_1(text, jsonb, text, interval, interval, boolean);
+DROP FUNCTION idempotency.idem_complete_1_1(text, int, jsonb, text, int, uuid);
+DROP FUNCTION idempotency.idem_lookup_1_1(text, text);
