@@ -687,7 +687,10 @@ DROP FUNCTION idempotency.idem_stats_1_1();
 -- or grows the cluster).  map and previous_map are the partitions'
 -- connection strings as the router wrote them, so that a router rebuilt
 -- from nothing can read the layout back; owned and previous_owned are the
--- partitions (0-based) this shard holds under each.
+-- partitions (0-based) this shard holds under each.  installed_at: from
+-- then on this shard refused new claims and tokens of the partitions it
+-- gave away (the router's cluster_growth_pending() counts the tokens made
+-- here before it).
 CREATE TABLE idempotency.shard_layout (
     one             boolean PRIMARY KEY DEFAULT true CHECK (one),
     version         bigint NOT NULL CHECK (version > 0),
@@ -697,7 +700,8 @@ CREATE TABLE idempotency.shard_layout (
     previous_map    text[],
     previous_owned  int[],
     switched_at     timestamptz,
-    consult_until   timestamptz
+    consult_until   timestamptz,
+    installed_at    timestamptz     -- when this shard wrote it (its clock)
 );
 
 COMMENT ON TABLE idempotency.shard_layout IS
@@ -995,7 +999,8 @@ BEGIN
         VALUES (true, shard_layout_install.version, shard_layout_install.active,
                 shard_layout_install.map, shard_layout_install.owned,
                 shard_layout_install.previous_map, shard_layout_install.previous_owned,
-                shard_layout_install.switched_at, shard_layout_install.consult_until);
+                shard_layout_install.switched_at, shard_layout_install.consult_until,
+                clock_timestamp());
     RETURN shard_layout_install.version;
 END
 $$;

@@ -1783,16 +1783,6 @@ BEGIN
 END
 $$;
 
--- cluster_grow(servers, partitions, consult_previous): switch to a new
--- placement.  Writes layout version + 1 to every server of the old and
--- the new placement, not in force (the keys that change owner are then
--- refused everywhere: their old owners only answer their records, the
--- new ones nothing), then puts it in force on each (the new owners take
--- claims), then makes it this router's.  No lock of the router's
--- placement: calls go on, and those that meet a shard of the new layout
--- reload and retry.  Each shard's step waits for the claims in flight
--- there (in steps of 20 ms).  Run again with the same servers if it
--- failed half way.  Returns the partitions and where each was before.
 -- cluster_switch(version, map, previous, switched_at, consult_until): put
 -- a layout in force on every server it names (map and previous): first
 -- install it, not in force, on every one of them at once, then put it in
@@ -1831,6 +1821,19 @@ BEGIN
 END
 $$;
 
+-- cluster_grow(servers, partitions, consult_previous): switch to a new
+-- placement.  Writes layout version + 1 to every server of the old and
+-- the new placement, not in force (the keys that change owner are then
+-- refused everywhere: their old owners only answer their records, the
+-- new ones nothing), then puts it in force on each (the new owners take
+-- claims), then makes it this router's.  No lock of the router's
+-- placement: calls go on, and those that meet a shard of the new layout
+-- reload and retry.  Each shard's step waits for the claims in flight
+-- there (in steps of 20 ms).  Run again with the same servers if it
+-- failed half way.  Refused while the window of the growth before is
+-- open (cluster_growth_finish() closes it), whenever that growth was: a
+-- shard knows only the newest layout and the one before.  Returns the
+-- partitions and where each was before.
 CREATE OR REPLACE FUNCTION idempotency.cluster_grow(servers text[], partitions int DEFAULT NULL,
     consult_previous interval DEFAULT NULL)
 RETURNS TABLE (partition int, connstr text, previous_connstr text)
@@ -1878,10 +1881,11 @@ BEGIN
                                           best.switched_at, best.consult_until);
         SELECT s.* INTO st FROM idempotency.cluster_state s;
     END IF;
-    IF st.previous IS NOT NULL AND st.consult_until > clock_timestamp() THEN
-        RAISE EXCEPTION 'a growth is under way until %', st.consult_until
+    IF st.previous IS NOT NULL THEN
+        RAISE EXCEPTION 'the window of the last growth is still open'
             USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'Wait, or end it with idempotency.cluster_growth_finish() once no record needs the previous placement.';
+                  DETAIL = format('Its records on the previous placement expire by %s.', st.consult_until),
+                  HINT = 'Close it with idempotency.cluster_growth_finish() once idempotency.cluster_growth_pending() counts none.';
     END IF;
     IF cardinality(map) < cardinality(st.connstrs) THEN
         RAISE EXCEPTION 'a cluster of % partitions cannot shrink to %', cardinality(st.connstrs), cardinality(map)
@@ -1902,6 +1906,60 @@ BEGIN
     RETURN QUERY SELECT (g.n - 1)::int, map[g.n],
                         st.connstrs[((g.n - 1) & (cardinality(st.connstrs) - 1)) + 1]
                    FROM generate_subscripts(map, 1) g(n);
+END
+$$;
+
+-- px_growth_pending(old_map, new_map, switched): as in 1.1, but a token
+-- counts when it was made on its shard before that shard installed the
+-- growth (its installed_at, by its own clock), not before the router's
+-- switched: until the install a shard still issues tokens of partitions
+-- it gives away, and their consume needs the window.  A shard without a
+-- layout (still at 1.1 while a 1.1 growth's window was open) counts them
+-- as 1.1 did.  A consumed token counts no more: its new shard answers
+-- false for it as well.
+CREATE OR REPLACE FUNCTION idempotency.px_growth_pending(old_map text[], new_map text[],
+    switched timestamptz, OUT pending bigint, OUT until timestamptz)
+RETURNS SETOF record
+LANGUAGE plproxy
+AS $$
+    CLUSTER 'idempotency_cluster_previous';
+    RUN ON ALL;
+    SELECT pg_catalog.count(*) AS pending, pg_catalog.max(r.expires_at) AS until
+      FROM (SELECT x.expires_at, x.is_token, x.created_at, x.status,
+                   ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
+                        pg_catalog.convert_to(x.scope, 'UTF8')
+                        OPERATOR(pg_catalog.||) pg_catalog.decode('00', 'hex')
+                        OPERATOR(pg_catalog.||) pg_catalog.convert_to(x.key, 'UTF8')), 1, 4), 'hex')
+                   )::pg_catalog.bit(32)::pg_catalog.int4 AS h
+              FROM idempotency.records x
+             WHERE x.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) r
+     WHERE CASE WHEN r.is_token
+                THEN r.status OPERATOR(pg_catalog.=) 'processing'
+                     AND r.created_at OPERATOR(pg_catalog.<)
+                     COALESCE((SELECT l.installed_at FROM idempotency.shard_layout l), switched)
+                ELSE (old_map)[(r.h OPERATOR(pg_catalog.&) (pg_catalog.cardinality(old_map) OPERATOR(pg_catalog.-) 1)) OPERATOR(pg_catalog.+) 1]
+                     IS DISTINCT FROM
+                     (new_map)[(r.h OPERATOR(pg_catalog.&) (pg_catalog.cardinality(new_map) OPERATOR(pg_catalog.-) 1)) OPERATOR(pg_catalog.+) 1]
+           END;
+$$;
+
+-- cluster_growth_pending(): as in 1.1, but counted for as long as the
+-- window is open, also after consult_until (a record can outlive it: see
+-- moved()).
+CREATE OR REPLACE FUNCTION idempotency.cluster_growth_pending(OUT pending bigint, OUT until timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    st  idempotency.cluster_state;
+BEGIN
+    SELECT s.* INTO st FROM idempotency.cluster_state s;
+    pending := 0;
+    IF st.previous IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT COALESCE(sum(g.pending), 0)::bigint, max(g.until) INTO pending, until
+      FROM idempotency.px_growth_pending(st.previous, st.connstrs, st.switched_at) g;
 END
 $$;
 
@@ -2047,8 +2105,8 @@ $$;
 -- SQL functions they are not inlined (key_hash's body is only STABLE,
 -- convert_to; moved's VOLATILE, clock_timestamp), so each call parsed and
 -- planned their bodies again (a fifth of the router backend's CPU, in
--- perf).  As PL/pgSQL their expressions are planned once a session.  Same
--- results, same volatility.
+-- perf).  As PL/pgSQL their expressions are planned once a session, with
+-- the same volatility.
 --
 CREATE OR REPLACE FUNCTION idempotency.key_hash(scope text, key text)
 RETURNS int
@@ -2063,13 +2121,19 @@ BEGIN
 END
 $$;
 
+-- moved(st, hash): as in 1.1, but until the window is closed
+-- (cluster_growth_finish()), not until consult_until: a record on the
+-- previous placement can outlive consult_until (made while the growth
+-- waited for the claims in flight there, a consult_previous shorter than
+-- its ttl, the router's clock ahead of the shard's), and the key's new
+-- shard would claim it again.  The window closes only when the previous
+-- shards, by their own clocks, hold no live record of a moved key.
 CREATE OR REPLACE FUNCTION idempotency.moved(st idempotency.cluster_state, hash int)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
     RETURN st.previous IS NOT NULL
-       AND st.consult_until OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
        AND st.previous[(hash OPERATOR(pg_catalog.&) (pg_catalog.cardinality(st.previous) OPERATOR(pg_catalog.-) 1)) OPERATOR(pg_catalog.+) 1]
            IS DISTINCT FROM
            st.connstrs[(hash OPERATOR(pg_catalog.&) (pg_catalog.cardinality(st.connstrs) OPERATOR(pg_catalog.-) 1)) OPERATOR(pg_catalog.+) 1];

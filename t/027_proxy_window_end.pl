@@ -1,0 +1,157 @@
+# Copyright (c) idempotency authors
+#
+# idempotency_proxy: the end of a growth's window (issue 28).  For a key
+# that moved, routers look where it used to be until the window is closed
+# with cluster_growth_finish(), which refuses while the previous shards
+# hold a live record of a moved key.  Before the fix:
+#   - routers stopped looking at consult_until, and a record still live
+#     there (made while the growth waited, a ttl longer than
+#     consult_previous, a router clock ahead of the shard's) was claimed
+#     again on the new shard: the key ran twice;
+#   - cluster_growth_pending() answered 0 after consult_until, so
+#     cluster_growth_finish() closed the window over live records;
+#   - a second growth was taken after consult_until, the window of the
+#     first still open;
+#   - a token issued on its old shard after the router's switch time but
+#     before that shard installed the growth was not counted, and its
+#     consume answered false once the window was closed.
+#
+# Growth 1 (one shard to two) is the token race; growth 2 (two shards to
+# three, four partitions) is the window's end.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use IdemTest;
+use IdemProxy;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+
+skip_without_plproxy();
+
+my ($a, $c, $d) = proxy_shards(3, 'we');
+my $r1 = proxy_router('werouter1', $a);
+
+sub on { my ($node, $sql) = @_; return $node->safe_psql('postgres', $sql) }
+sub cs { return "'" . shard_connstr($_[0]) . "'" }
+
+# live(scope, key): the shards (a, c, d) holding a live record of the key
+sub live
+{
+	my ($scope, $key) = @_;
+	my %name = ($a->name => 'a', $c->name => 'c', $d->name => 'd');
+	return join(',', map { $name{ $_->name } } grep {
+		on($_, "SELECT count(*) FROM idempotency.records
+			 WHERE scope = '$scope' AND key = '$key' AND expires_at > now()") ne '0'
+	} ($a, $c, $d));
+}
+
+# ------------------------------------------------------------------
+# Growth 1, [a] -> [a, c]: tokens issued on a while its install waits.
+# An open transaction on a holds its layout table (as an in-transaction
+# claim does); c has the new layout at once.  Tokens issued through the
+# router meanwhile are made on a, under the old layout, after the
+# router's switch time; those of partition 1 belong to c once the growth
+# is in force.  The transaction is let go as soon as a token call waits
+# behind the growth (or all are done).
+my $hold = $a->background_psql('postgres');
+$hold->query_safe('BEGIN');
+$hold->query_safe('SELECT count(*) FROM idempotency.shard_layout');
+my ($grow1) = run_clients_async($r1,
+	"SELECT count(*) FROM idempotency.cluster_grow(ARRAY[" . cs($a) . ', ' . cs($c) . "]);\n");
+ok($c->poll_query_until('postgres',
+		'SELECT EXISTS (SELECT FROM idempotency.shard_layout WHERE version = 2)'),
+	'growth 1: the new shard has layout 2, the old one waits');
+my ($issue) = run_clients_async($r1,
+	join('', map { "SELECT idempotency.idem_token_issue('form');\n" } 1 .. 16));
+my $held = 1;
+while ($issue->{run}->pumpable)
+{
+	$issue->{run}->pump_nb;
+	if ($held
+		&& on($a, "SELECT count(*) FROM pg_stat_activity
+			 WHERE wait_event_type = 'Lock' AND query NOT LIKE '%shard_layout_install%'") ne '0')
+	{
+		$hold->query_safe('COMMIT');
+		$held = 0;
+	}
+	usleep(20_000);
+}
+my ($issued) = finish_clients($issue);
+if ($held)
+{
+	$hold->query_safe('COMMIT');
+}
+$hold->quit;
+my ($g1) = finish_clients($grow1);
+is($g1->[1], '', 'growth 1 is in force');
+my @tokens = grep { length } split /\n/, $issued->[0];
+ok(@tokens > 0, scalar(@tokens) . ' tokens issued during growth 1');
+my %on_a = map { $_ => 1 } split /\n/,
+  on($a, "SELECT key FROM idempotency.records WHERE is_token AND scope = 'form'");
+my @gap = grep { $on_a{ substr($_, 0, 32) } && (on($r1, "SELECT idempotency.token_hash('$_') & 1") eq '1') } @tokens;
+note scalar(@gap) . ' of them were made on the old shard for a partition the growth gave away';
+SKIP:
+{
+	skip 'no token was issued before the old shard installed the growth (a slow machine)', 1
+	  unless @gap;
+	my ($state) = sqlstate_of_psql($r1, 'postgres', 'SELECT idempotency.cluster_growth_finish()');
+	is($state, '55000',
+		'the window is not closed while those tokens are live on the old shard');
+}
+is(join('', map { on($r1, "SELECT idempotency.idem_token_consume('$_', 'form')") } @tokens),
+	't' x @tokens, 'every token issued during growth 1 is consumed');
+is(join('', map { on($r1, "SELECT idempotency.idem_token_consume('$_', 'form')") } @tokens),
+	'f' x @tokens, 'once');
+is(on($r1, 'SELECT idempotency.cluster_growth_finish()'), 't',
+	'then the window of growth 1 closes');
+
+# ------------------------------------------------------------------
+# Growth 2, [a, c] -> [a, c, d, a]: keys with hash & 3 = 2 move from a to
+# d.  The window is given one second; records of the moved keys live
+# for an hour (a paid key, a key whose holder still works).
+my ($paid, $held_key) = split /\n/, on($r1,
+	"SELECT k FROM (SELECT 'wk' || g AS k FROM generate_series(1, 200) g) s
+	  WHERE idempotency.key_hash('we', k) & 3 = 2 LIMIT 2");
+is(on($r1, "SELECT outcome FROM idempotency.idem_acquire('$paid', '{\"n\": 1}', 'we', ttl => '1 hour')"),
+	'acquired', "before growth 2: $paid is paid");
+on($r1, "SELECT idempotency.idem_complete('$paid', 200, '{\"paid\": 1}', 'we')");
+is(on($r1, "SELECT outcome FROM idempotency.idem_acquire('$held_key', NULL, 'we', ttl => '1 hour', lease => '1 hour')"),
+	'acquired', "and $held_key is being worked on");
+is(live('we', $paid) . ' ' . live('we', $held_key), 'a a', 'both on shard a');
+
+my $servers2 = 'ARRAY[' . join(', ', map { cs($_) } ($a, $c, $d)) . ']';
+is(on($r1, "SELECT count(*) FROM idempotency.cluster_grow($servers2, partitions => 4, consult_previous => '1 second')"),
+	'4', 'growth 2 to four partitions, consult_previous of one second');
+on($r1, "SELECT pg_sleep(greatest(0, extract(epoch FROM consult_until - clock_timestamp())) + 0.2)
+		   FROM idempotency.cluster_state");
+is(on($r1, 'SELECT consult_until < clock_timestamp() FROM idempotency.cluster_state'),
+	't', 'consult_until has passed');
+
+is(on($r1, "SELECT outcome, response_body FROM idempotency.idem_acquire('$paid', '{\"n\": 1}', 'we')"),
+	'replay|{"paid": 1}', 'after consult_until the paid key still replays');
+is(on($r1, "SELECT outcome FROM idempotency.idem_acquire('$held_key', NULL, 'we')"),
+	'in_progress', 'the key being worked on still answers in_progress');
+is(live('we', $paid) . ' ' . live('we', $held_key), 'a a',
+	'no record of either was made on its new shard');
+my $r2 = proxy_router('werouter2', $a);
+is(on($r2, "SELECT outcome FROM idempotency.idem_acquire('$paid', '{\"n\": 1}', 'we')"),
+	'replay', 'a router set up from nothing now replays it too');
+is(on($r1, 'SELECT pending FROM idempotency.cluster_growth_pending()'), '2',
+	'cluster_growth_pending() counts both records after consult_until');
+my ($state, $out, $err) = sqlstate_of_psql($r1, 'postgres',
+	"SELECT count(*) FROM idempotency.cluster_grow($servers2, partitions => 8)");
+is($state, '55000', 'a second growth is refused while the window is open');
+like($err, qr/window of the last growth is still open/, 'saying why');
+($state) = sqlstate_of_psql($r1, 'postgres', 'SELECT idempotency.cluster_growth_finish()');
+is($state, '55000', 'and the window is not closed while they are live');
+is(on($r1, "SELECT idempotency.idem_complete('$held_key', 201, '{\"done\": 1}', 'we')"),
+	't', 'the holder completes its key on its previous shard');
+is(on($r2, "SELECT outcome, response_body FROM idempotency.idem_acquire('$held_key', NULL, 'we')"),
+	'replay|{"done": 1}', 'and it replays through the other router');
+
+done_testing();
