@@ -870,12 +870,14 @@ BEGIN
 END
 $$;
 
--- shard_lookup(layout, key, scope): idem_lookup (1.1's columns), refused
--- with 55R01 when the router's layout is not this shard's, whatever the
--- key, or the key is neither owned here nor was before the growth.  The
--- router's look at a moved key's previous shard: answered only once that
--- shard refuses new claims of the key (step 4 of proxy/README.md's
--- argument), so the version must be equal here.
+-- shard_lookup(layout, key, scope): idem_lookup (1.1's columns), unless
+-- the router's layout is not this shard's, whatever the key, or the key
+-- is neither owned here nor was before the growth: then one row with
+-- status 'refused' and the reason in response_body (message, detail), as
+-- shard_acquire's (a row keeps PL/Proxy's connection).  The router's look
+-- at a moved key's previous shard: answered only once that shard refuses
+-- new claims of the key (step 4 of proxy/README.md's argument), so the
+-- version must be equal here.
 CREATE FUNCTION idempotency.shard_lookup(layout bigint, key text, scope text)
 RETURNS TABLE (status text, request_hash bytea, response_status int,
                response_body jsonb, attempt int, created_at timestamptz,
@@ -886,13 +888,24 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v   bigint := (SELECT s.version FROM idempotency.shard_layout s);
+    r   record;
 BEGIN
     IF $1 IS DISTINCT FROM v THEN
-        RAISE EXCEPTION 'the router''s layout % is not this shard''s layout %', coalesce($1::text, 'none'), coalesce(v::text, 'none')
-            USING ERRCODE = '55R01',
-                  HINT = 'The router reloads its layout from the shards and retries.';
+        status := 'refused';
+        response_body := jsonb_build_object('message',
+            format('the router''s layout %s is not this shard''s layout %s',
+                   coalesce($1::text, 'none'), coalesce(v::text, 'none')));
+        RETURN NEXT;
+        RETURN;
     END IF;
-    PERFORM idempotency.shard_check($1, idempotency.shard_key_hash($3, $2), false);
+    SELECT * INTO r
+      FROM idempotency.shard_refusal($1, idempotency.shard_key_hash($3, $2), false);
+    IF r.message IS NOT NULL THEN
+        status := 'refused';
+        response_body := jsonb_build_object('message', r.message, 'detail', r.detail);
+        RETURN NEXT;
+        RETURN;
+    END IF;
     RETURN QUERY
         SELECT l.status, l.request_hash, l.response_status, l.response_body,
                l.attempt, l.created_at, l.locked_until, l.completed_at,

@@ -1302,8 +1302,8 @@ ALTER FUNCTION idempotency.idem_lookup(text, text)
     RENAME TO idem_lookup_1_1;
 
 -- route_acquire(...): one routing of idem_acquire under the placement now
--- in force; a shard's refusal (a row with outcome 'refused', or 55R01)
--- comes out (idem_acquire reloads, retries).  A moved key (growth window)
+-- in force; a shard's refusal (a row with outcome 'refused' from
+-- shard_acquire or status 'refused' from shard_lookup, or 55R01) comes out (idem_acquire reloads, retries).  A moved key (growth window)
 -- whose live record is on its previous server is answered there; when
 -- that record vanished between the look and the claim, the previous
 -- server refuses the new claim and the key is claimed on its current
@@ -1320,9 +1320,22 @@ AS $$
 DECLARE
     st      idempotency.cluster_state := idempotency.placement();
     r       record;
+    l       record;
+    there   boolean := false;
 BEGIN
-    IF idempotency.moved(st, h)
-       AND EXISTS (SELECT FROM idempotency.px_owned_lookup(true, h, st.layout_version, key, scope)) THEN
+    IF idempotency.moved(st, h) THEN
+        -- the look at the previous server; refused (a row): come out
+        SELECT x.status, x.response_body INTO l
+          FROM idempotency.px_owned_lookup(true, h, st.layout_version, key, scope) x;
+        IF l.status = 'refused' THEN
+            RETURN QUERY SELECT 'refused'::text, NULL::int, l.response_body, NULL::int,
+                                NULL::timestamptz, NULL::uuid, NULL::int, NULL::text,
+                                NULL::jsonb, NULL::jsonb, NULL::text;
+            RETURN;
+        END IF;
+        there := l.status IS NOT NULL;
+    END IF;
+    IF there THEN
         BEGIN
             SELECT * INTO r FROM idempotency.px_owned_acquire(true, h, st.layout_version,
                                                                key, request, scope, ttl, lease, trace);
@@ -1703,11 +1716,19 @@ AS $$
 DECLARE
     st  idempotency.cluster_state := idempotency.placement();
     h   int := idempotency.key_hash(scope, key);
+    r   record;
 BEGIN
-    IF idempotency.moved(st, h)
-       AND EXISTS (SELECT FROM idempotency.px_owned_lookup(true, h, st.layout_version, key, scope) l
-                    WHERE l.expires_at > clock_timestamp() + margin) THEN
-        RETURN 'idempotency_cluster_previous';
+    IF idempotency.moved(st, h) THEN
+        SELECT l.status, l.response_body, l.expires_at INTO r
+          FROM idempotency.px_owned_lookup(true, h, st.layout_version, key, scope) l;
+        IF r.status = 'refused' THEN
+            RAISE EXCEPTION '%', r.response_body->>'message'
+                USING ERRCODE = '55R01', DETAIL = r.response_body->>'detail',
+                      HINT = 'Reload the router''s layout (idempotency.cluster_reload()) and retry.';
+        END IF;
+        IF r.expires_at > clock_timestamp() + margin THEN
+            RETURN 'idempotency_cluster_previous';
+        END IF;
     END IF;
     RETURN 'idempotency_cluster';
 END

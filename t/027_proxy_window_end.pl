@@ -107,6 +107,11 @@ is(join('', map { on($r1, "SELECT idempotency.idem_token_consume('$_', 'form')")
 	't' x @tokens, 'every token issued during growth 1 is consumed');
 is(join('', map { on($r1, "SELECT idempotency.idem_token_consume('$_', 'form')") } @tokens),
 	'f' x @tokens, 'once');
+# a router set up now has growth 1's window open, and keeps it (it is
+# not told of the close, nor of growth 2)
+my $r3 = proxy_router('werouter3', $a);
+is(on($r3, 'SELECT cardinality(connstrs), cardinality(previous) FROM idempotency.cluster_state'),
+	'2|1', 'a router set up during the window of growth 1 consults the previous placement');
 is(on($r1, 'SELECT idempotency.cluster_growth_finish()'), 't',
 	'then the window of growth 1 closes');
 
@@ -123,6 +128,12 @@ on($r1, "SELECT idempotency.idem_complete('$paid', 200, '{\"paid\": 1}', 'we')")
 is(on($r1, "SELECT outcome FROM idempotency.idem_acquire('$held_key', NULL, 'we', ttl => '1 hour', lease => '1 hour')"),
 	'acquired', "and $held_key is being worked on");
 is(live('we', $paid) . ' ' . live('we', $held_key), 'a a', 'both on shard a');
+my ($stay) = split /\n/, on($r1,
+	"SELECT k FROM (SELECT 'ws' || g AS k FROM generate_series(1, 200) g) s
+	  WHERE idempotency.key_hash('we', k) & 3 = 1 LIMIT 1");
+on($r1, "SELECT idempotency.idem_acquire('$stay', NULL, 'we', ttl => '1 hour')");
+on($r1, "SELECT idempotency.idem_complete('$stay', 200, '{\"stay\": 1}', 'we')");
+is(live('we', $stay), 'c', "$stay is completed on shard c");
 
 my $servers2 = 'ARRAY[' . join(', ', map { cs($_) } ($a, $c, $d)) . ']';
 is(on($r1, "SELECT count(*) FROM idempotency.cluster_grow($servers2, partitions => 4, consult_previous => '1 second')"),
@@ -149,6 +160,13 @@ is($state, '55000', 'a second growth is refused while the window is open');
 like($err, qr/window of the last growth is still open/, 'saying why');
 ($state) = sqlstate_of_psql($r1, 'postgres', 'SELECT idempotency.cluster_growth_finish()');
 is($state, '55000', 'and the window is not closed while they are live');
+# the stale router: a key that moved in growth 1 (hash & 1 = 1) and stays
+# on c in growth 2; its look at the key's growth-1 shard is refused
+# (that shard is at layout 3), it reloads and answers from c
+is(on($r3, "SELECT outcome, response_body FROM idempotency.idem_acquire('$stay', NULL, 'we')"),
+	'replay|{"stay": 1}', 'a router still in the window of growth 1 reloads and replays a key of c');
+is(on($r3, 'SELECT cardinality(connstrs), cardinality(previous) FROM idempotency.cluster_state'),
+	'4|2', 'and now has growth 2');
 is(on($r1, "SELECT idempotency.idem_complete('$held_key', 201, '{\"done\": 1}', 'we')"),
 	't', 'the holder completes its key on its previous shard');
 is(on($r2, "SELECT outcome, response_body FROM idempotency.idem_acquire('$held_key', NULL, 'we')"),
