@@ -139,5 +139,7 @@ done
 if [[ -f $BASE/perf.data ]]; then
 	echo
 	echo "## the router's backend, new keys (perf, self time)"
-	perf report -q -i "$BASE/perf.data" --no-children --sort symbol --percent-limit 1.5 2>/dev/null | grep -v '^$' | head -40
+	perf report -q -i "$BASE/perf.data" --no-children -g none --sort dso --percent-limit 1 2>/dev/null | grep -v '^$' | head -12
+	echo
+	perf report -q -i "$BASE/perf.data" --no-children -g none --sort symbol --percent-limit 1 2>/dev/null | grep -v '^$' | head -40
 fi
