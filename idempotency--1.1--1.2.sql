@@ -935,19 +935,23 @@ BEGIN
 END
 $$;
 
--- shard_owns(scope, key): for an application's own endpoint on the shards
--- (proxy/README.md, the in-transaction mode), called after its
--- idem_acquire answered acquired with attempt 1: raise 55R01 (and so roll
--- the claim back) unless this shard owns the key under its newest layout,
--- in force.  Nothing is checked on a shard without a layout.
-CREATE FUNCTION idempotency.shard_owns(scope text, key text)
+-- shard_owns(scope, key, layout): for an application's own endpoint on
+-- the shards (proxy/README.md, the in-transaction mode), called after its
+-- idem_acquire answered acquired with attempt 1, with the layout version
+-- of the router that routed the call (the endpoint's router function
+-- passes idempotency.layout_version()): raise 55R01 (and so roll the claim
+-- back) unless this shard may make that claim for a router at that
+-- layout, as shard_acquire checks it.  The router's version matters: a
+-- router that missed a growth sends a key that moved here without looking
+-- at its previous shard.  Nothing is checked on a shard without a layout
+-- when layout is NULL.
+CREATE FUNCTION idempotency.shard_owns(scope text, key text, layout bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM idempotency.shard_check((SELECT s.version FROM idempotency.shard_layout s),
-                                    idempotency.shard_key_hash(scope, key), true);
+    PERFORM idempotency.shard_check(layout, idempotency.shard_key_hash(scope, key), true);
 END
 $$;
 
@@ -1064,6 +1068,6 @@ REVOKE ALL ON FUNCTION idempotency.shard_check(bigint, int, boolean) FROM PUBLIC
 REVOKE ALL ON FUNCTION idempotency.shard_acquire(bigint, text, jsonb, text, interval, interval, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_lookup(bigint, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_token_issue(bigint, int, text, interval) FROM PUBLIC;
-REVOKE ALL ON FUNCTION idempotency.shard_owns(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.shard_owns(text, text, bigint) FROM PUBLIC;
 
 -- End of shard ownership (issue 28)

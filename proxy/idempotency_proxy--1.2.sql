@@ -1207,7 +1207,11 @@ $$;
 
 -- cluster_apply(version, map, previous, switched_at, consult_until): make
 -- this router's placement that layout, unless it has that version or a
--- newer one already.  True when it changed.  Takes the placement's row
+-- newer one already; the same version is taken when its growth window is
+-- closed there and still open here (cluster_growth_finish() on another
+-- router: a shard is closed only once no record needs the window, so a
+-- router in it would only see refusals of its looks).  True when it
+-- changed.  Takes the placement's row
 -- lock where it changes it, without waiting: concurrent reloads apply a
 -- layout once, those that come after it take no lock, and one that finds
 -- the row locked by another session's reload does nothing (the routed
@@ -1220,18 +1224,23 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    cur bigint;
+    cur     bigint;
+    open    boolean;
 BEGIN
     -- most reloads find it done already: no lock then
-    SELECT s.layout_version INTO cur FROM idempotency.cluster_state s;
-    IF cur >= cluster_apply.version THEN
+    SELECT s.layout_version, s.previous IS NOT NULL INTO cur, open
+      FROM idempotency.cluster_state s;
+    IF cur > cluster_apply.version
+       OR (cur = cluster_apply.version AND NOT (open AND cluster_apply.previous IS NULL)) THEN
         RETURN false;
     END IF;
     -- another session applying one (its transaction may be a long call):
     -- do not wait for it, the caller tries again
-    SELECT s.layout_version INTO cur FROM idempotency.cluster_state s
+    SELECT s.layout_version, s.previous IS NOT NULL INTO cur, open
+      FROM idempotency.cluster_state s
        FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND OR cur >= cluster_apply.version THEN
+    IF NOT FOUND OR cur > cluster_apply.version
+       OR (cur = cluster_apply.version AND NOT (open AND cluster_apply.previous IS NULL)) THEN
         RETURN false;
     END IF;
     PERFORM idempotency.set_server('idempotency_cluster', map);
@@ -1250,7 +1259,7 @@ $$;
 
 -- cluster_reload(hash): read the layout from the shard of partition hash
 -- (the shard that refused a call) and make it this router's, if it is
--- newer and in force there (a layout only installed would not let the
+-- newer (or its window closed, cluster_apply) and in force there (a layout only installed would not let the
 -- call through, and applying it would hold this router's placement
 -- locked for the rest of a call that is bound to wait).  True when the placement changed.  SECURITY DEFINER: any
 -- caller of a routed function may make the router adopt what its shards
@@ -1269,6 +1278,22 @@ BEGIN
     END IF;
     RETURN idempotency.cluster_apply(l.version, l.map, l.previous_map,
                                      l.switched_at, l.consult_until);
+END
+$$;
+
+-- reloaded(hash): for a routed call that found no record (P0002, false)
+-- where this router looked: true when this router has a layout and
+-- cluster_reload(hash) changed it (a growth it was not told of), so that
+-- the call is run once more.  A router without a layout (its shards have
+-- none) reads nothing.
+CREATE FUNCTION idempotency.reloaded(hash int)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT s.layout_version FROM idempotency.cluster_state s) IS NOT NULL
+       AND idempotency.cluster_reload(hash);
 END
 $$;
 
@@ -1551,6 +1576,12 @@ EXCEPTION WHEN OTHERS THEN
                   DETAIL = msg,
                   HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
     END IF;
+    -- no record where this router looked: its layout may be behind a
+    -- growth it was not told of; reloaded, run once more
+    IF st = 'P0002' AND idempotency.reloaded(h) THEN
+        RETURN idempotency.idem_complete(key, response_status, response_body, scope,
+                                         attempt, claim, response_headers);
+    END IF;
     IF st IN ('42883', '42703') THEN
         RAISE EXCEPTION '% needs its shard at idempotency 1.2', 'idem_complete with response_headers'
             USING ERRCODE = 'feature_not_supported',
@@ -1572,11 +1603,18 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     h   int := idempotency.key_hash(scope, key);
+    ok  boolean;
     st  text;
     msg text;
 BEGIN
-    RETURN idempotency.px_release(idempotency.record_is_previous(idempotency.placement(), h, key, scope),
-                                  h, key, scope, attempt, claim);
+    FOR i IN 1 .. 2 LOOP
+        ok := idempotency.px_release(idempotency.record_is_previous(idempotency.placement(), h, key, scope),
+                                     h, key, scope, attempt, claim);
+        -- false: no claim where this router looked; its layout may be
+        -- behind a growth it was not told of; reloaded, run once more
+        EXIT WHEN ok OR i = 2 OR NOT idempotency.reloaded(h);
+    END LOOP;
+    RETURN ok;
 EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
     IF idempotency.shard_failure(st, msg) THEN
@@ -1613,6 +1651,11 @@ EXCEPTION WHEN OTHERS THEN
             USING ERRCODE = 'connection_failure',
                   DETAIL = msg,
                   HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
+    END IF;
+    -- no record where this router looked: its layout may be behind a
+    -- growth it was not told of; reloaded, run once more
+    IF st = 'P0002' AND idempotency.reloaded(h) THEN
+        RETURN idempotency.idem_extend(key, scope, claim, lease);
     END IF;
     RAISE;
 END
@@ -1687,10 +1730,15 @@ BEGIN
         h := idempotency.key_hash(scope, token);
         shard_token := token;
     END IF;
-    ok := idempotency.px_token_consume(false, h, shard_token, scope);
-    IF NOT ok AND idempotency.moved(st, h) THEN
-        ok := idempotency.px_token_consume(true, h, shard_token, scope);
-    END IF;
+    FOR i IN 1 .. 2 LOOP
+        ok := idempotency.px_token_consume(false, h, shard_token, scope);
+        IF NOT ok AND idempotency.moved(st, h) THEN
+            ok := idempotency.px_token_consume(true, h, shard_token, scope);
+        END IF;
+        -- false: as idem_release
+        EXIT WHEN ok OR i = 2 OR NOT idempotency.reloaded(h);
+        st := idempotency.placement();
+    END LOOP;
     RETURN ok;
 EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS s = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
@@ -1706,7 +1754,8 @@ $$;
 
 -- key_cluster(scope, key, margin): as in 1.1, but the look at the previous
 -- server is the shards' checked one (answered only once that server
--- refuses new claims of the key).
+-- refuses new claims of the key); refused (this router's layout is
+-- behind), it reloads the layout and looks once more, then raises 55R01.
 CREATE OR REPLACE FUNCTION idempotency.key_cluster(scope text, key text,
     margin interval DEFAULT '1 minute')
 RETURNS text
@@ -1714,24 +1763,40 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    st  idempotency.cluster_state := idempotency.placement();
     h   int := idempotency.key_hash(scope, key);
+    st  idempotency.cluster_state;
     r   record;
 BEGIN
-    IF idempotency.moved(st, h) THEN
+    FOR i IN 1 .. 2 LOOP
+        st := idempotency.placement();
+        IF NOT idempotency.moved(st, h) THEN
+            RETURN 'idempotency_cluster';
+        END IF;
         SELECT l.status, l.response_body, l.expires_at INTO r
           FROM idempotency.px_owned_lookup(true, h, st.layout_version, key, scope) l;
-        IF r.status = 'refused' THEN
-            RAISE EXCEPTION '%', r.response_body->>'message'
-                USING ERRCODE = '55R01', DETAIL = r.response_body->>'detail',
-                      HINT = 'Reload the router''s layout (idempotency.cluster_reload()) and retry.';
+        IF r.status IS DISTINCT FROM 'refused' THEN
+            IF r.expires_at > clock_timestamp() + margin THEN
+                RETURN 'idempotency_cluster_previous';
+            END IF;
+            RETURN 'idempotency_cluster';
         END IF;
-        IF r.expires_at > clock_timestamp() + margin THEN
-            RETURN 'idempotency_cluster_previous';
-        END IF;
-    END IF;
-    RETURN 'idempotency_cluster';
+        -- refused: this router's layout is behind; reload it, look again
+        EXIT WHEN i = 2 OR NOT idempotency.cluster_reload(h);
+    END LOOP;
+    RAISE EXCEPTION '%', r.response_body->>'message'
+        USING ERRCODE = '55R01', DETAIL = r.response_body->>'detail',
+              HINT = 'A growth of the cluster is being switched: retry the call.';
 END
+$$;
+
+-- layout_version(): the version of this router's layout, for an
+-- endpoint's router function to pass to the shard's shard_owns() (as a
+-- parameter's DEFAULT: proxy/README.md, the in-transaction mode).
+CREATE FUNCTION idempotency.layout_version()
+RETURNS bigint
+LANGUAGE sql STABLE
+AS $$
+SELECT s.layout_version FROM idempotency.cluster_state s
 $$;
 
 --
@@ -2035,11 +2100,13 @@ REVOKE ALL ON FUNCTION idempotency.owned_partitions(text[], text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.copy_access() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.cluster_apply(bigint, text[], text[], timestamptz, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.cluster_reload(int) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.reloaded(int) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.shard_failure(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.route_acquire(int, text, jsonb, text, interval, interval, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.token_check(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.router_setting(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.cluster_layouts(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.layout_version() FROM PUBLIC;
 
 --
 -- Shards at idempotency 1.2 return more columns from idem_acquire,
@@ -2250,6 +2317,11 @@ EXCEPTION WHEN OTHERS THEN
                   DETAIL = msg,
                   HINT = 'Keys of the other shards keep working; retry this one when its shard is back.';
     END IF;
+    -- no record where this router looked: its layout may be behind a
+    -- growth it was not told of; reloaded, run once more
+    IF st = 'P0002' AND idempotency.reloaded(h) THEN
+        RETURN idempotency.idem_checkpoint(key, scope, claim, phase, state);
+    END IF;
     IF st IN ('42883', '42703') THEN
         RAISE EXCEPTION '% needs its shard at idempotency 1.2', 'idem_checkpoint'
             USING ERRCODE = 'feature_not_supported',
@@ -2272,16 +2344,21 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    sp  idempotency.cluster_state := idempotency.placement();
+    sp  idempotency.cluster_state;
     h   int := idempotency.key_hash(scope, key);
     got boolean;
     st  text;
     msg text;
 BEGIN
-    got := idempotency.px_forget(false, h, key, scope);
-    IF idempotency.moved(sp, h) THEN
-        got := idempotency.px_forget(true, h, key, scope) OR got;
-    END IF;
+    FOR i IN 1 .. 2 LOOP
+        sp := idempotency.placement();
+        got := idempotency.px_forget(false, h, key, scope);
+        IF idempotency.moved(sp, h) THEN
+            got := idempotency.px_forget(true, h, key, scope) OR got;
+        END IF;
+        -- nothing removed: as idem_release
+        EXIT WHEN got OR i = 2 OR NOT idempotency.reloaded(h);
+    END LOOP;
     RETURN got;
 EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;

@@ -288,13 +288,14 @@ CREATE SCHEMA app;
 CREATE TABLE app.payments (id bigserial PRIMARY KEY, idempotency_key text NOT NULL,
                            user_id int NOT NULL, amount int NOT NULL);
 CREATE FUNCTION app.pay(key text, user_id int, amount int,
+                        layout bigint DEFAULT NULL,
                         OUT status int, OUT body jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
-    a record;
-    scope text := 'user:' || user_id || '/payments';
-    req jsonb := jsonb_build_object('amount', amount);
-    pid bigint;
+    a       record;
+    scope   text := 'user:' || user_id || '/payments';
+    req     jsonb := jsonb_build_object('amount', amount);
+    pid     bigint;
 BEGIN
     SELECT * INTO a FROM idempotency.idem_acquire(key, req, scope);
     CASE a.outcome
@@ -302,6 +303,11 @@ BEGIN
     WHEN 'in_progress' THEN status := 409; body := jsonb_build_object('retry_after', a.retry_after);
     WHEN 'mismatch' THEN status := 422; body := '{}';
     ELSE
+        IF a.attempt = 1 THEN
+            -- 55R01 (rolls the claim back) unless this shard may claim
+            -- the key for a router at that layout
+            PERFORM idempotency.shard_owns(scope, key, layout);
+        END IF;
         INSERT INTO app.payments (idempotency_key, user_id, amount)
         VALUES (key, user_id, amount) RETURNING id INTO pid;
         status := 201; body := jsonb_build_object('payment_id', pid);
@@ -313,6 +319,7 @@ $$;});
 $router->safe_psql('postgres', q{
 CREATE SCHEMA app;
 CREATE FUNCTION app.pay(key text, user_id int, amount int,
+                        layout bigint DEFAULT idempotency.layout_version(),
                         OUT status int, OUT body jsonb)
 LANGUAGE plproxy AS $$
     CLUSTER idempotency.key_cluster('user:' || user_id || '/payments', key);

@@ -35,6 +35,58 @@ skip_without_plproxy();
 
 my ($a, $c, $d) = proxy_shards(3, 'we');
 my $r1 = proxy_router('werouter1', $a);
+# routers set up now and never told of a growth
+my $r0 = proxy_router('werouter0', $a);
+my $r5 = proxy_router('werouter5', $a);
+my $r6 = proxy_router('werouter6', $a);
+
+# an endpoint of the application's own (proxy/README.md, the
+# in-transaction mode): on the shards, and routed on both routers
+for my $s ($a, $c, $d)
+{
+	$s->safe_psql('postgres', q{
+CREATE SCHEMA app;
+CREATE TABLE app.payments (key text NOT NULL);
+CREATE FUNCTION app.pay(key text, layout bigint DEFAULT NULL,
+                        OUT status int, OUT body jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    a   record;
+BEGIN
+    SELECT * INTO a FROM idempotency.idem_acquire(key, NULL, 'we', ttl => '1 hour');
+    IF a.outcome = 'acquired' THEN
+        IF a.attempt = 1 THEN
+            PERFORM idempotency.shard_owns('we', key, layout);
+        END IF;
+        INSERT INTO app.payments VALUES (key);
+        status := 201;
+        body := jsonb_build_object('paid', key, 'port', current_setting('port'));
+        PERFORM idempotency.idem_complete(key, status, body, 'we');
+    ELSE
+        status := coalesce(a.response_status, 409);
+        body := a.response_body;
+    END IF;
+END
+$$;});
+}
+for my $r ($r0, $r1)
+{
+	$r->safe_psql('postgres', q{
+CREATE SCHEMA app;
+CREATE FUNCTION app.pay(key text, layout bigint DEFAULT idempotency.layout_version(),
+                        OUT status int, OUT body jsonb)
+LANGUAGE plproxy AS $$
+    CLUSTER idempotency.key_cluster('we', key);
+    RUN ON idempotency.key_hash('we', key);
+$$;});
+}
+sub payments
+{
+	my ($key) = @_;
+	my $n = 0;
+	$n += on($_, "SELECT count(*) FROM app.payments WHERE key = '$key'") for ($a, $c, $d);
+	return $n;
+}
 
 sub on { my ($node, $sql) = @_; return $node->safe_psql('postgres', $sql) }
 sub cs { return "'" . shard_connstr($_[0]) . "'" }
@@ -107,13 +159,23 @@ is(join('', map { on($r1, "SELECT idempotency.idem_token_consume('$_', 'form')")
 	't' x @tokens, 'every token issued during growth 1 is consumed');
 is(join('', map { on($r1, "SELECT idempotency.idem_token_consume('$_', 'form')") } @tokens),
 	'f' x @tokens, 'once');
-# a router set up now has growth 1's window open, and keeps it (it is
+# routers set up now have growth 1's window open, and keep it (they are
 # not told of the close, nor of growth 2)
 my $r3 = proxy_router('werouter3', $a);
+my $r4 = proxy_router('werouter4', $a);
 is(on($r3, 'SELECT cardinality(connstrs), cardinality(previous) FROM idempotency.cluster_state'),
 	'2|1', 'a router set up during the window of growth 1 consults the previous placement');
 is(on($r1, 'SELECT idempotency.cluster_growth_finish()'), 't',
 	'then the window of growth 1 closes');
+# a key that moved in growth 1, new: r4's look at its previous shard is
+# refused (the window is closed there); r4 takes the close and claims it
+my ($fresh) = split /\n/, on($r1,
+	"SELECT k FROM (SELECT 'wf' || g AS k FROM generate_series(1, 200) g) s
+	  WHERE idempotency.key_hash('we', k) & 1 = 1 LIMIT 1");
+is(on($r4, "SELECT outcome, attempt FROM idempotency.idem_acquire('$fresh', NULL, 'we')"),
+	'acquired|1', 'a router still in the closed window claims a moved key');
+is(live('we', $fresh) . ' ' . on($r4, 'SELECT previous IS NULL FROM idempotency.cluster_state'),
+	'c t', 'on its new shard, and its window is closed too');
 
 # ------------------------------------------------------------------
 # Growth 2, [a, c] -> [a, c, d, a]: keys with hash & 3 = 2 move from a to
@@ -135,6 +197,14 @@ on($r1, "SELECT idempotency.idem_acquire('$stay', NULL, 'we', ttl => '1 hour')")
 on($r1, "SELECT idempotency.idem_complete('$stay', 200, '{\"stay\": 1}', 'we')");
 is(live('we', $stay), 'c', "$stay is completed on shard c");
 
+# the endpoint: a key paid on c that growth 2 moves back to a
+my ($back) = split /\n/, on($r1,
+	"SELECT k FROM (SELECT 'wb' || g AS k FROM generate_series(1, 200) g) s
+	  WHERE idempotency.key_hash('we', k) & 3 = 3 LIMIT 1");
+my $paid_back = on($r1, "SELECT status, body FROM app.pay('$back')");
+like($paid_back, qr/^201\|/, "the endpoint pays $back");
+is(live('we', $back), 'c', 'on shard c');
+
 my $servers2 = 'ARRAY[' . join(', ', map { cs($_) } ($a, $c, $d)) . ']';
 is(on($r1, "SELECT count(*) FROM idempotency.cluster_grow($servers2, partitions => 4, consult_previous => '1 second')"),
 	'4', 'growth 2 to four partitions, consult_previous of one second');
@@ -152,14 +222,25 @@ is(live('we', $paid) . ' ' . live('we', $held_key), 'a a',
 my $r2 = proxy_router('werouter2', $a);
 is(on($r2, "SELECT outcome FROM idempotency.idem_acquire('$paid', '{\"n\": 1}', 'we')"),
 	'replay', 'a router set up from nothing now replays it too');
-is(on($r1, 'SELECT pending FROM idempotency.cluster_growth_pending()'), '2',
-	'cluster_growth_pending() counts both records after consult_until');
+is(on($r1, 'SELECT pending FROM idempotency.cluster_growth_pending()'), '3',
+	"cluster_growth_pending() counts the moved keys' records after consult_until");
 my ($state, $out, $err) = sqlstate_of_psql($r1, 'postgres',
 	"SELECT count(*) FROM idempotency.cluster_grow($servers2, partitions => 8)");
 is($state, '55000', 'a second growth is refused while the window is open');
 like($err, qr/window of the last growth is still open/, 'saying why');
 ($state) = sqlstate_of_psql($r1, 'postgres', 'SELECT idempotency.cluster_growth_finish()');
 is($state, '55000', 'and the window is not closed while they are live');
+# the router that never heard of either growth sends the endpoint call of
+# $back to a, which owns it now but may not take a new claim of it from a
+# router at layout 1 (that router did not look on c)
+($state, $out, $err) = sqlstate_of_psql($r0, 'postgres', "SELECT status FROM app.pay('$back')");
+is($state, '55R01', 'the endpoint through a router two growths behind is refused');
+is(payments($back), 1, 'no second payment');
+is(on($r0, 'SELECT idempotency.cluster_reload()'), 't', 'cluster_reload() gives that router the layout');
+is(on($r0, "SELECT status, body FROM app.pay('$back')"), $paid_back,
+	'then the endpoint replays the payment from c');
+is(payments($back), 1, 'still one payment');
+
 # the stale router: a key that moved in growth 1 (hash & 1 = 1) and stays
 # on c in growth 2; its look at the key's growth-1 shard is refused
 # (that shard is at layout 3), it reloads and answers from c
@@ -171,5 +252,20 @@ is(on($r1, "SELECT idempotency.idem_complete('$held_key', 201, '{\"done\": 1}', 
 	't', 'the holder completes its key on its previous shard');
 is(on($r2, "SELECT outcome, response_body FROM idempotency.idem_acquire('$held_key', NULL, 'we')"),
 	'replay|{"done": 1}', 'and it replays through the other router');
+
+# routers never told of either growth (at layout 1: every key on a) and
+# claims made on d: a completion or a release that finds no record where
+# the router looks reloads its layout and runs once more
+my ($late1, $late2) = split /\n/, on($r1,
+	"SELECT k FROM (SELECT 'wl' || g AS k FROM generate_series(1, 200) g) s
+	  WHERE idempotency.key_hash('we', k) & 3 = 2 LIMIT 2");
+my %cl = map { $_ => on($r1, "SELECT claim FROM idempotency.idem_acquire('$_', NULL, 'we', lease => '1 hour')") } ($late1, $late2);
+is(live('we', $late1) . ' ' . live('we', $late2), 'd d', 'two keys claimed on d');
+is(on($r5, "SELECT idempotency.idem_complete('$late1', 200, '{\"late\": 1}', 'we', claim => '$cl{$late1}')"),
+	't', 'a router two growths behind completes a claim on d');
+is(on($r5, 'SELECT layout_version FROM idempotency.cluster_state'), '3', '(it took layout 3)');
+is(on($r6, "SELECT idempotency.idem_release('$late2', 'we', claim => '$cl{$late2}')"),
+	't', 'another releases one');
+is(live('we', $late1) . ' ' . live('we', $late2), 'd ', 'the completed one is kept, the released one gone');
 
 done_testing();
