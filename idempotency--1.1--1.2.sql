@@ -7,13 +7,13 @@
 --
 -- Partitions that maintenance makes from 1.2 on are laid out for the one
 -- update most records get, their completion, so that it is a HOT update
--- that logs little more than what it writes.  Partitions made before keep
--- their layout (a partition may order its columns differently from its
--- parent; every reader and writer finds columns by name), so the change
--- takes effect as maintenance makes new partitions: after max_ttl plus two
--- partition intervals, also on a new install, whose first partitions the
--- 1.0 script makes.  (Making the empty ones again during the update held
--- locks on every one of them to its end, and slowed CREATE EXTENSION.)
+-- that logs little more than what it writes.  The update makes every
+-- dated partition that is still empty again in that layout (below, after
+-- the new columns): all of them in a new install, whose first partitions
+-- idempotency--1.1.sql makes, and the empty ones of an updated database.
+-- A partition that holds records keeps its layout (a partition may order
+-- its columns differently from its parent; every reader and writer finds
+-- columns by name) until maintenance drops it.
 --
 -- Column order (partition_columns).  log_heap_update leaves out of the WAL
 -- the bytes a new row version shares with the old one at its start and at
@@ -324,6 +324,46 @@ ALTER TABLE idempotency.records
     ADD COLUMN state jsonb,
     ADD COLUMN response_headers jsonb,
     ADD COLUMN trace text;
+
+--
+-- The dated partitions that hold no record are made again in 1.2's layout
+-- (see the head of this file), with their names and ranges: every one in a
+-- new install (CREATE EXTENSION runs idempotency--1.1.sql, then this
+-- script), and an updated database's empty ones.  The ALTER TABLE above
+-- holds ACCESS EXCLUSIVE on every partition to the end of the update, so
+-- none gains a record once it was found empty; a claim in a transaction
+-- still open made the update wait for it.  A partition that objects of
+-- the user's depend on (DROP TABLE refuses, 2BP01) keeps its layout, as
+-- one that holds records does.  Like those that maintenance makes, the
+-- new partitions are not members of the extension.
+--
+DO $$
+DECLARE
+    p       record;
+    part    regclass;
+    holds   boolean;
+BEGIN
+    FOR p IN SELECT pp.partition, c.relname, pp.range_start, pp.range_end
+               FROM idempotency.partitions pp
+               JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pp.partition
+              WHERE NOT pp.is_default
+              ORDER BY pp.range_start
+    LOOP
+        EXECUTE pg_catalog.format('SELECT EXISTS (SELECT FROM %s)', p.partition) INTO holds;
+        CONTINUE WHEN holds;
+        BEGIN
+            EXECUTE pg_catalog.format('DROP TABLE %s', p.partition);
+        EXCEPTION WHEN dependent_objects_still_exist THEN
+            CONTINUE;
+        END;
+        part := idempotency.make_partition(p.relname, p.range_start, p.range_end);
+        EXECUTE pg_catalog.format('ALTER TABLE idempotency.records ATTACH PARTITION %s'
+                                  ' FOR VALUES FROM (%L) TO (%L)',
+                                  part, p.range_start, p.range_end);
+        EXECUTE pg_catalog.format('ALTER EXTENSION idempotency DROP TABLE %s', part);
+    END LOOP;
+END
+$$;
 
 --
 -- The old functions are renamed, not dropped, until their privileges have

@@ -213,7 +213,8 @@ use_private_pg() {
 	ln -s /usr/include/postgresql "$prefix/include/postgresql"
 	# What an earlier install left in the host's own directories (a run
 	# with IDEM_PRIVATE_PG=0, a by-hand make install) must not leak into
-	# this run: a stale idempotency--1.2.sql there would shadow the tree's.
+	# this run: a stale script there (an idempotency--1.2.sql of an earlier
+	# layout of the tree, say) would shadow the tree's.
 	rm -f "$prefix/share/postgresql/$IDEM_PG_MAJOR"/extension/idempotency{,_proxy}{.control,--*.sql} \
 		"$prefix/lib/postgresql/$IDEM_PG_MAJOR"/lib/idempotency.so
 	rm -rf "$prefix/lib/postgresql/$IDEM_PG_MAJOR"/lib/bitcode/idempotency{,.index.bc}

@@ -5,12 +5,16 @@
 #      proxy/idempotency_proxy.control's default_version
 #   2. every released script listed in released.sha256 is there, unchanged,
 #      and shipped (in its Makefile's DATA)
-#   3. the default_version of each control file has a full install script
-#      (idempotency--1.1.sql), shipped
+#   3. CREATE EXTENSION reaches the default_version of each control file
+#      from the shipped scripts: a full install script (idempotency--1.1.sql)
+#      and the updates after it (idempotency--1.1--1.2.sql), as contrib does;
+#      and every shipped full install script is a released one, so that no
+#      SQL object is written twice (once in a hand-kept full script of an
+#      unreleased version, once in the update to it)
 #   4. debian/changelog's newest entry packages that version: its upstream
-#      version is META.json's (1.2.0-1), or, while idempotency--X.Y.sql is
-#      not in released.sha256, may carry a ~dev suffix (1.2.0~dev-1, which
-#      sorts before the release's 1.2.0-1)
+#      version is META.json's (1.2.0-1), or, while no script that ends at
+#      X.Y (idempotency--W--X.Y.sql) is in released.sha256, may carry a ~dev
+#      suffix (1.2.0~dev-1, which sorts before the release's 1.2.0-1)
 #
 # Prints "release checks: N of M tests passed." and exits non-zero on a
 # failure.
@@ -62,8 +66,49 @@ check "released scripts present (released.sha256)" all_there
 check "released scripts unchanged (released.sha256)" sha256sum --quiet --strict -c released.sha256
 # shellcheck disable=SC2086
 check "released scripts shipped (Makefile DATA)" shipped $released
-check "full install script for idempotency $ext shipped" shipped "idempotency--$ext.sql"
-check "full install script for idempotency_proxy $proxy shipped" shipped "proxy/idempotency_proxy--$proxy.sql"
+# reachable DIR EXTNAME VERSION: DIR's Makefile ships a full install script
+# of some version and updates that lead from it to VERSION (what CREATE
+# EXTENSION looks for when there is no full script of VERSION)
+reachable() {
+	local dir=$1 name=$2 want=$3 f v from to changed=1 reached=' '
+	for f in $(data_of "$dir/Makefile"); do
+		v=${f#"$name"--}
+		v=${v%.sql}
+		[[ $f == "$name--"*.sql && $v != *--* ]] && reached+="$v "
+	done
+	while ((changed)); do
+		changed=0
+		for f in $(data_of "$dir/Makefile"); do
+			v=${f#"$name"--}
+			v=${v%.sql}
+			[[ $f == "$name--"*.sql && $v == *--* ]] || continue
+			from=${v%%--*} to=${v#*--}
+			if [[ $reached == *" $from "* && $reached != *" $to "* ]]; then
+				reached+="$to "
+				changed=1
+			fi
+		done
+	done
+	[[ $reached == *" $want "* ]] ||
+		{ echo "  no shipped script of $dir/Makefile installs $name $want (reached:$reached)"; return 1; }
+}
+# full_scripts_released DIR EXTNAME: every full install script DIR ships is
+# in released.sha256
+full_scripts_released() {
+	local dir=$1 name=$2 f path ok=0
+	for f in $(data_of "$dir/Makefile"); do
+		[[ $f == "$name--"*.sql && $f != "$name--"*--*.sql ]] || continue
+		path=$f
+		[[ $dir == . ]] || path=$dir/$f
+		grep -qxF "$path" <<<"$released" ||
+			{ echo "  $path is a full install script of an unreleased version: put its changes in the update script instead"; ok=1; }
+	done
+	return $ok
+}
+check "CREATE EXTENSION idempotency reaches $ext" reachable . idempotency "$ext"
+check "CREATE EXTENSION idempotency_proxy reaches $proxy" reachable proxy idempotency_proxy "$proxy"
+check "full install scripts of idempotency are released ones" full_scripts_released . idempotency
+check "full install scripts of idempotency_proxy are released ones" full_scripts_released proxy idempotency_proxy
 
 # debian_upstream: the upstream part of the version of debian/changelog's
 # newest entry (no epoch, no Debian revision)
@@ -78,8 +123,8 @@ debian_matches() {
 	got=$(debian_upstream)
 	[[ $got == "$want" ]] && return 0
 	if [[ $got =~ ^${want//./\.}~dev[0-9]*$ ]]; then
-		grep -qxF "idempotency--$ext.sql" <<<"$released" || return 0
-		echo "  debian/changelog says $got, but idempotency--$ext.sql is released (released.sha256): say $want"
+		grep -qE "^idempotency--([0-9.]+--)?${ext//./\.}\.sql$" <<<"$released" || return 0
+		echo "  debian/changelog says $got, but version $ext is released (released.sha256): say $want"
 		return 1
 	fi
 	echo "  debian/changelog says ${got:-nothing}, META.json $want"

@@ -9,20 +9,8 @@
 --
 SET idempotency.wait_timeout = 0;
 SET stats_fetch_consistency = none;
--- The partitions of CREATE EXTENSION come from the 1.0 script: drop them
--- all (this is the last test), and let 1.2's maintenance make new ones.
-DO $$
-DECLARE
-    part regclass;
-BEGIN
-    FOR part IN SELECT p.partition FROM idempotency.partitions p WHERE NOT p.is_default LOOP
-        EXECUTE format('DROP TABLE %s', part);
-    END LOOP;
-END
-$$;
-SELECT partitions_created > 0 AS made FROM idempotency.idem_maintain();
-
 -- every dated partition: the completion's columns last, the fillfactor
+CREATE TEMP VIEW layout_now AS
 SELECT count(*) > 0 AS some_partitions,
        bool_and((SELECT max(a.attnum) FROM pg_attribute a
                   WHERE a.attrelid = p.partition
@@ -37,6 +25,22 @@ SELECT count(*) > 0 AS some_partitions,
   FROM idempotency.partitions p
   JOIN pg_class c ON c.oid = p.partition
  WHERE NOT p.is_default;
+-- The partitions CREATE EXTENSION made (idempotency--1.1.sql, then the
+-- update, which makes the empty ones again) have it from the start.
+SELECT * FROM layout_now;
+-- Drop them all (this is the last test), so that the figures below start
+-- from empty partitions, and let maintenance make new ones: the same.
+DO $$
+DECLARE
+    part regclass;
+BEGIN
+    FOR part IN SELECT p.partition FROM idempotency.partitions p WHERE NOT p.is_default LOOP
+        EXECUTE format('DROP TABLE %s', part);
+    END LOOP;
+END
+$$;
+SELECT partitions_created > 0 AS made FROM idempotency.idem_maintain();
+SELECT * FROM layout_now;
 
 -- 300 keys of a scope of their own, each claimed and completed in a
 -- transaction of its own, with a 300-byte response.  Counted over every partition: the records of a ttl

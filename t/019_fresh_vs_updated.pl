@@ -1,9 +1,12 @@
 # Copyright (c) idempotency authors
 #
-# A fresh 1.2 install (idempotency--1.2.sql) equals 1.0 updated to 1.2
+# A fresh 1.2 install (CREATE EXTENSION runs idempotency--1.1.sql, then
+# idempotency--1.1--1.2.sql) equals 1.0 updated to 1.2
 # (idempotency--1.0.sql, then idempotency--1.0--1.1.sql and
-# idempotency--1.1--1.2.sql) and 1.1 updated to 1.2 (idempotency--1.1.sql,
-# then the second update); a fresh 1.1 install equals 1.0 updated to 1.1.
+# idempotency--1.1--1.2.sql) and 1.1 updated to 1.2; a fresh 1.1 install
+# equals 1.0 updated to 1.1.  In each 1.2 database every dated partition
+# (all empty) has 1.2's layout: the completion's columns last, fillfactor
+# 94 (issue 36; t/024_upgrade_1_2.pl updates one holding records).
 #
 # On one cluster with the library preloaded, database "fresh" runs CREATE
 # EXTENSION idempotency, "updated" CREATE EXTENSION idempotency VERSION
@@ -232,6 +235,29 @@ $node->safe_psql('updated11',
 is(extversion('fresh'), '1.2', 'CREATE EXTENSION idempotency installs 1.2');
 is(extversion('updated'), '1.2', 'ALTER EXTENSION idempotency UPDATE moves 1.0 to 1.2');
 is(extversion('updated11'), '1.2', 'ALTER EXTENSION idempotency UPDATE moves 1.1 to 1.2');
+
+# 1.2's partition layout (idempotency--1.1--1.2.sql, partition_columns),
+# in every dated partition: what each database's partitions have, one line
+# a distinct layout.
+my $layout_sql = q{
+SELECT count(*) || ' ' || layout
+  FROM (SELECT (SELECT pg_catalog.string_agg(a.attname, ',' ORDER BY a.attnum)
+                  FROM pg_catalog.pg_attribute a
+                 WHERE a.attrelid = p.partition AND a.attnum > 0 AND NOT a.attisdropped)
+               || ' ' || coalesce(c.reloptions::text, '-') AS layout
+          FROM idempotency.partitions p
+          JOIN pg_catalog.pg_class c ON c.oid = p.partition
+         WHERE NOT p.is_default) l
+ GROUP BY layout};
+my $layout_12 = 'created_at,expires_at,owner_start,claim,attempt,owner_pid,is_token,'
+  . 'scope,key,request_hash,trace,locked_until,status,response_status,completed_at,'
+  . 'response_headers,response_body,phase,state {fillfactor=94}';
+foreach my $db (qw(fresh updated updated11))
+{
+	like($node->safe_psql($db, $layout_sql), qr/^\d+ \Q$layout_12\E$/,
+		"$db: every dated partition has 1.2's layout");
+}
+
 compare('updated', 'fresh', 'as installed, 1.0 updated');
 compare('updated11', 'fresh', 'as installed, 1.1 updated');
 
