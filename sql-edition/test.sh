@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# sql-edition/test.sh -- the project's regression (sql/) and isolation
+# (specs/) suites against the SQL edition, installed and called by a role
+# that is neither superuser nor CREATEROLE (what managed services give).
+#
+#   sql-edition/test.sh            every test not in sql-edition/excluded.txt
+#   sql-edition/test.sh NAME...    only those (00_setup is always run first)
+#
+# As root on Debian 12, like scripts/test.sh.  PostgreSQL is a private copy
+# (IDEM_PG_PREFIX, default /tmp/sqled-pg, made with bench/private_pg.sh when
+# missing): the host's installation is never written to.  The server runs
+# as the postgres OS user on a throwaway cluster (scripts/common.sh), with
+# pg_cron preloaded as on the managed services and nothing of idempotency.
+#
+# Two install ways are exercised:
+#   - the regression suite runs in a database whose owner (idem_owner, not
+#     superuser) creates the edition with CREATE EXTENSION idempotency_sql
+#     (a trusted extension): sql/00_setup.sql does it;
+#   - the isolation suite runs in a database where idem_owner ran the plain
+#     script, psql -f idempotency_sql.psql, before the tests.
+# The tests are copied, with these changes only: CREATE/DROP EXTENSION
+# idempotency names idempotency_sql (regression) or is dropped (isolation,
+# plain script), and sql-edition/expected/*.out replace the C extension's
+# expected output where the edition's differs by design (each says why in
+# sql-edition/excluded.txt's notes).  pg_regress's and
+# pg_isolation_regress's diffs are kept in the output folder on failure.
+#
+# Closing line: "sql edition: N of M tests passed."
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+export IDEM_PG_PREFIX=${IDEM_PG_PREFIX:-/tmp/sqled-pg}
+IDEM_PG_PREFIX_OWN=
+if [[ ! -x $IDEM_PG_PREFIX/lib/postgresql/15/bin/pg_config ]]; then
+	# shellcheck source=../bench/private_pg.sh
+	source "$ROOT/bench/private_pg.sh"
+	private_pg_make "$IDEM_PG_PREFIX" >/dev/null
+fi
+# shellcheck source=../scripts/common.sh
+source "$ROOT/scripts/common.sh"
+PGXS_DIR=$PG_BINDIR/../lib/pgxs/src/test
+
+# the edition's files, into the private copy only
+make -s --no-print-directory -C "$HERE" >/dev/null
+install -m 644 "$HERE/build/idempotency_sql.control" "$HERE/build/idempotency_sql--1.2.sql" \
+	"$IDEM_PG_PREFIX/share/postgresql/15/extension/"
+
+# which tests: all but the excluded, or those named
+mapfile -t excluded < <(sed -e 's/#.*//' -e 's/[[:space:]].*//' "$HERE/excluded.txt" | grep -v '^$' || true)
+is_excluded() { local t; for t in "${excluded[@]}"; do [[ $t == "$1" ]] && return 0; done; return 1; }
+regress=() isolation=()
+if (($# > 0)); then
+	for t in "$@"; do
+		if [[ -f $ROOT/sql/$t.sql ]]; then regress+=("$t");
+		elif [[ -f $ROOT/specs/$t.spec ]]; then isolation+=("$t");
+		else die "no test $t"; fi
+	done
+	[[ ${regress[0]:-} == 00_setup ]] || regress=(00_setup "${regress[@]}")
+else
+	for f in "$ROOT"/sql/*.sql; do t=$(basename "$f" .sql); is_excluded "$t" || regress+=("$t"); done
+	for f in "$ROOT"/specs/*.spec; do t=$(basename "$f" .spec); is_excluded "$t" || isolation+=("$t"); done
+fi
+
+# The cluster: scripts/common.sh's start_cluster appends $REPO_ROOT/regress.conf,
+# which preloads the C library; point it at the edition's settings instead.
+STAGE=$(mktemp -d /tmp/sqled-stage.XXXXXX)
+cleanup_stage() { rm -rf "$STAGE"; }
+cat >"$STAGE/regress.conf" <<-CONF
+	# the SQL edition: nothing of idempotency preloaded; pg_cron as on the managed services
+	shared_preload_libraries = 'pg_cron'
+	cron.database_name = 'postgres'
+	max_connections = 100
+CONF
+REPO_ROOT=$STAGE start_cluster fast
+REPO_ROOT=$ROOT
+trap 'rc=$?; trap - EXIT; stop_cluster "$rc" || true; cleanup_stage; exit "$rc"' EXIT
+
+SOCK=$IDEM_TMPDIR/socket
+psql_su() { as_postgres "$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -h "$SOCK" -p "$PGPORT" -U postgres "$@"; }
+psql_su -d postgres <<-SQL
+	CREATE ROLE idem_owner LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB;
+	CREATE DATABASE idem_regress OWNER idem_owner;
+	CREATE DATABASE idem_isolation OWNER idem_owner;
+SQL
+
+# The tests, copied where the postgres OS user can read them
+T=$IDEM_TMPDIR   # pg_regress runs psql there: sql/include/ is found
+as_postgres mkdir -p "$T/sql/include" "$T/expected" "$T/specs" "$T/out" "$T/out_iso"
+cp "$ROOT"/sql/*.sql "$T/sql/"; cp "$ROOT"/sql/include/*.sql "$T/sql/include/"
+cp "$ROOT"/expected/*.out "$T/expected/"; cp "$ROOT"/specs/*.spec "$T/specs/"
+sed -i -E 's/\b(CREATE|DROP) EXTENSION( IF NOT EXISTS| IF EXISTS)? idempotency\b;/\1 EXTENSION\2 idempotency_sql;/' \
+	"$T"/sql/*.sql "$T"/expected/*.out
+sed -i -E 's/^(\s*)CREATE EXTENSION IF NOT EXISTS idempotency;/\1SET client_min_messages = warning;/' "$T"/specs/*.spec
+if compgen -G "$HERE/expected/*.out" >/dev/null; then cp "$HERE"/expected/*.out "$T/expected/"; fi
+chown -R postgres: "$T"
+
+# the plain script, run by the database owner (no extension)
+as_postgres cp "$HERE/build/idempotency_sql.psql" "$T/idempotency_sql.psql"
+as_postgres "$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -h "$SOCK" -p "$PGPORT" -U idem_owner \
+	-d idem_isolation -f "$T/idempotency_sql.psql" >/dev/null
+
+passed=0 total=0
+count() {	# count OUTPUT: the "... ok" and "... FAILED" lines of a run
+	local ok bad
+	ok=$(grep -cE '^(test |     |ok |not ok )?.* \.\.\. ok' "$1" || true)
+	bad=$(grep -cE '\.\.\. (FAILED|failed)' "$1" || true)
+	passed=$((passed + ok)); total=$((total + ok + bad))
+}
+rc=0
+if ((${#regress[@]} > 0)); then
+	log "regression: ${#regress[@]} tests, CREATE EXTENSION idempotency_sql as idem_owner"
+	(cd "$T" && as_postgres "$PGXS_DIR/regress/pg_regress" --inputdir="$T" --outputdir="$T/out" \
+		--bindir="$PG_BINDIR" --host="$SOCK" --port="$PGPORT" --user=idem_owner \
+		--dbname=idem_regress --use-existing "${regress[@]}") >"$T/regress.log" 2>&1 || rc=1
+	cat "$T/regress.log"
+	count "$T/regress.log"
+fi
+if ((${#isolation[@]} > 0)); then
+	log "isolation: ${#isolation[@]} tests, plain script (psql -f) run by idem_owner"
+	(cd "$T" && as_postgres "$PGXS_DIR/isolation/pg_isolation_regress" --inputdir="$T" \
+		--outputdir="$T/out_iso" --bindir="$PG_BINDIR" --host="$SOCK" --port="$PGPORT" \
+		--user=idem_owner --dbname=idem_isolation --use-existing "${isolation[@]}") >"$T/isolation.log" 2>&1 || rc=1
+	cat "$T/isolation.log"
+	count "$T/isolation.log"
+fi
+if ((rc != 0)); then
+	mkdir -p "$HERE/build/diffs"
+	cp "$T"/out/regression.diffs "$HERE/build/diffs/regress.diffs" 2>/dev/null || true
+	cp "$T"/out_iso/regression.diffs "$HERE/build/diffs/isolation.diffs" 2>/dev/null || true
+	log "diffs kept in $HERE/build/diffs/"
+fi
+echo "sql edition: $passed of $total tests passed."
+exit "$rc"
