@@ -96,6 +96,28 @@ END
 $$;
 GRANT EXECUTE ON FUNCTION idempotency_sql.wait_key_lock(bigint, timestamptz) TO PUBLIC;
 
+-- key_lock_busy(lock): whether another session holds the key lock
+CREATE FUNCTION idempotency_sql.key_lock_busy(lock bigint)
+RETURNS boolean
+LANGUAGE sql VOLATILE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT EXISTS (
+    SELECT FROM pg_catalog.pg_locks l
+     WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+       AND l.objsubid OPERATOR(pg_catalog.=) 1
+       AND l.granted
+       AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+       AND l.database OPERATOR(pg_catalog.=)
+           (SELECT d.oid FROM pg_catalog.pg_database d
+             WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND l.classid::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.=)
+           ((lock OPERATOR(pg_catalog.>>) 32) OPERATOR(pg_catalog.&) 4294967295)
+       AND l.objid::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.=)
+           (lock OPERATOR(pg_catalog.&) 4294967295))
+$$;
+GRANT EXECUTE ON FUNCTION idempotency_sql.key_lock_busy(bigint) TO PUBLIC;
+
 CREATE FUNCTION idempotency.idem_request_hash(request jsonb)
 RETURNS bytea
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
@@ -248,7 +270,7 @@ BEGIN
         -- processing: is its claim over (lease run out, or owner gone)?
         IF (CASE WHEN rec.owner_pid IS NULL
                  THEN rec.locked_until IS NULL OR rec.locked_until OPERATOR(pg_catalog.<=) now_ts
-                 ELSE NOT idempotency_sql.owner_alive(rec.owner_pid, rec.owner_start) END) THEN
+                 ELSE NOT coalesce(idempotency_sql.owner_alive(rec.owner_pid, rec.owner_start), false) END) THEN
             IF rec.attempt OPERATOR(pg_catalog.>=) 2147483647 THEN
                 RAISE EXCEPTION 'attempt of idempotency key "%" is out of range', k
                     USING ERRCODE = 'numeric_value_out_of_range',
@@ -291,8 +313,7 @@ BEGIN
         -- our own claim, from earlier in this transaction or (session-bound)
         -- of this session: nothing to wait for
         IF idempotency_sql.own_xact(rec.row_xmin)
-           OR (rec.owner_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
-               AND bound AND rec.owner_start OPERATOR(pg_catalog.=) my_start) THEN
+           OR rec.owner_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() THEN
             xact_open := true;
             res.outcome := 'in_progress';
             EXIT;
@@ -363,7 +384,10 @@ BEGIN
             RETURN NEXT r;
             RETURN;
         END IF;
-        EXIT WHEN pass OPERATOR(pg_catalog.=) 2;
+        -- wait only where another transaction holds the key lock (it is
+        -- writing a new record), so as to hold nothing otherwise
+        EXIT WHEN pass OPERATOR(pg_catalog.=) 2
+              OR NOT idempotency_sql.key_lock_busy(idempotency_sql.key_lock(s, k, false));
         PERFORM pg_catalog.pg_advisory_xact_lock(idempotency_sql.key_lock(s, k, false));
     END LOOP;
 END
@@ -867,7 +891,13 @@ BEGIN
            AND r.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
            FOR UPDATE;
         PERFORM pg_catalog.set_config('lock_timeout', own::pg_catalog.text, true);
-    EXCEPTION WHEN lock_not_available THEN
+    EXCEPTION
+    WHEN serialization_failure THEN
+        RAISE EXCEPTION 'could not serialize access due to concurrent change of a one-time token'
+            USING ERRCODE = 'serialization_failure',
+                  DETAIL = 'The token was consumed or issued by a transaction that committed after this transaction''s snapshot was taken.',
+                  HINT = 'Retry the transaction.';
+    WHEN lock_not_available THEN
         RAISE EXCEPTION 'could not consume one-time token: another transaction is still writing it'
             USING ERRCODE = 'lock_not_available',
                   DETAIL = pg_catalog.format('It waited idempotency.wait_timeout (%s ms) for that transaction, which is consuming or issuing the token, to end.', wait_ms),
@@ -921,9 +951,9 @@ AS $$
 BEGIN
     DELETE FROM idempotency.daily d
      WHERE d.day OPERATOR(pg_catalog.<=)
-           (pg_catalog.clock_timestamp() AT TIME ZONE 'UTC')::pg_catalog.date
-           OPERATOR(pg_catalog.-) coalesce(pg_catalog.current_setting('idempotency.stats_retention', true),
-                                           '90 days')::pg_catalog.interval;
+           ((pg_catalog.clock_timestamp() AT TIME ZONE 'UTC')::pg_catalog.date
+            OPERATOR(pg_catalog.-) coalesce(pg_catalog.current_setting('idempotency.stats_retention', true),
+                                            '90 days')::pg_catalog.interval);
     RETURN QUERY SELECT m.partitions_created, m.partitions_dropped
                    FROM idempotency.maintain_partitions() m;
 END

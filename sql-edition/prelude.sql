@@ -53,8 +53,9 @@ BEGIN
             WHEN 'GB' THEN 1073741824 WHEN 'TB' THEN 1099511627776
             END;
         IF factor IS NOT NULL
-           AND ((unit OPERATOR(pg_catalog.=) 'B') OPERATOR(pg_catalog.=)
-                (m[2] OPERATOR(pg_catalog.=) ANY (ARRAY['', 'B', 'kB', 'MB', 'GB', 'TB']))) THEN
+           AND (m[2] OPERATOR(pg_catalog.=) ''
+                OR (unit OPERATOR(pg_catalog.=) 'B') OPERATOR(pg_catalog.=)
+                   (m[2] OPERATOR(pg_catalog.=) ANY (ARRAY['B', 'kB', 'MB', 'GB', 'TB']))) THEN
             v := pg_catalog.round(num OPERATOR(pg_catalog.*) factor OPERATOR(pg_catalog./)
                      CASE unit WHEN 's' THEN 1000000 WHEN 'ms' THEN 1000 ELSE 1 END);
             IF v OPERATOR(pg_catalog.>=) lo AND v OPERATOR(pg_catalog.<=) 9223372036854 THEN
@@ -205,23 +206,50 @@ SELECT EXISTS (
        AND l.pid OPERATOR(pg_catalog.=) owner_pid)
 $$;
 
--- owner_hold(): make this session an owner (take its lock, once) and
--- return its backend_start.
+-- owner_hold(): make this session an owner, if it is not one, and return
+-- the start of its ownership: the backend's start for its first, or the
+-- time it began for one after an ownership that ended (pg_advisory_unlock_all,
+-- DISCARD ALL, which a session pooler runs between clients), so that the
+-- claims of an ownership that ended are never revived.  The start is kept
+-- in the session setting idempotency_sql.owner_since (microseconds since
+-- the epoch), which DISCARD ALL resets along with the lock.
 CREATE FUNCTION idempotency_sql.owner_hold()
 RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    me      int := pg_catalog.pg_backend_pid();
+    kept    text := pg_catalog.current_setting('idempotency_sql.owner_since', true);
+    since   timestamptz;
     started timestamptz;
 BEGIN
-    SELECT a.backend_start INTO started
-      FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a;
-    IF NOT idempotency_sql.owner_alive(pg_catalog.pg_backend_pid(), started) THEN
-        PERFORM pg_catalog.pg_advisory_lock(pg_catalog.pg_backend_pid(),
-                                            idempotency_sql.owner_key(started));
+    IF kept IS NOT NULL AND kept OPERATOR(pg_catalog.<>) '' THEN
+        since := pg_catalog.to_timestamp(kept::pg_catalog.numeric OPERATOR(pg_catalog./) 1000000);
+        IF idempotency_sql.owner_alive(me, since) THEN
+            RETURN since;
+        END IF;
     END IF;
-    RETURN started;
+    SELECT a.backend_start INTO started FROM pg_catalog.pg_stat_get_activity(me) a;
+    IF kept IS NULL OR kept OPERATOR(pg_catalog.=) '' THEN
+        IF idempotency_sql.owner_alive(me, started) THEN
+            since := started;
+        ELSIF NOT EXISTS (SELECT FROM idempotency.records r
+                           WHERE r.owner_pid OPERATOR(pg_catalog.=) me
+                             AND r.owner_start OPERATOR(pg_catalog.=) started) THEN
+            since := started;       -- this backend's first ownership
+        ELSE
+            since := pg_catalog.clock_timestamp();
+        END IF;
+    ELSE
+        since := pg_catalog.clock_timestamp();
+    END IF;
+    IF NOT idempotency_sql.owner_alive(me, since) THEN
+        PERFORM pg_catalog.pg_advisory_lock(me, idempotency_sql.owner_key(since));
+    END IF;
+    PERFORM pg_catalog.set_config('idempotency_sql.owner_since',
+        (EXTRACT(epoch FROM since) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8::pg_catalog.text, false);
+    RETURN since;
 END
 $$;
 
