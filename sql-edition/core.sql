@@ -118,6 +118,44 @@ SELECT EXISTS (
 $$;
 GRANT EXECUTE ON FUNCTION idempotency_sql.key_lock_busy(bigint) TO PUBLIC;
 
+--
+-- rr_check(scope, key, expires_at, what): under REPEATABLE READ or
+-- SERIALIZABLE, lock the version of the record (what = 'record') or of
+-- the key's latch row (what = 'latch') that the snapshot sees, so that a
+-- change committed after the snapshot raises 40001, with the C
+-- extension's message; a change in progress is waited for.  The
+-- subtransaction is entered only under those isolation levels.
+--
+CREATE FUNCTION idempotency_sql.rr_check(scope text, key text, expires timestamptz, what text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    k   text COLLATE "C" := rr_check.key;
+    s   text COLLATE "C" := rr_check.scope;
+BEGIN
+    IF what OPERATOR(pg_catalog.=) 'latch' THEN
+        UPDATE idempotency_sql.key_latches l
+           SET claims = l.claims OPERATOR(pg_catalog.+) 1
+         WHERE l.slot OPERATOR(pg_catalog.=)
+               (idempotency_sql.key_lock(s, k, false) OPERATOR(pg_catalog.&) 65535)::int;
+    ELSE
+        PERFORM FROM idempotency.records r
+         WHERE r.scope OPERATOR(pg_catalog.=) s AND r.key OPERATOR(pg_catalog.=) k
+           AND r.expires_at OPERATOR(pg_catalog.=) expires AND NOT r.is_token
+           FOR SHARE;
+    END IF;
+EXCEPTION WHEN serialization_failure THEN
+    RAISE EXCEPTION 'could not serialize access due to concurrent change of idempotency key "%"', k
+        USING ERRCODE = 'serialization_failure',
+              DETAIL = 'The key''s record was changed by a transaction that committed after this transaction''s snapshot was taken.',
+              HINT = 'Retry the transaction.';
+END
+$$;
+GRANT EXECUTE ON FUNCTION idempotency_sql.rr_check(text, text, timestamptz, text) TO PUBLIC;
+
 CREATE FUNCTION idempotency.idem_request_hash(request jsonb)
 RETURNS bytea
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
@@ -227,10 +265,14 @@ BEGIN
                 END IF;
                 locked := true;
                 -- REPEATABLE READ safety (see the head of this section)
-                UPDATE idempotency_sql.key_latches l
-                   SET claims = l.claims OPERATOR(pg_catalog.+) 1
-                 WHERE l.slot OPERATOR(pg_catalog.=)
-                       (idempotency_sql.key_lock(s, k, false) OPERATOR(pg_catalog.&) 65535)::int;
+                IF rr THEN
+                    PERFORM idempotency_sql.rr_check(s, k, NULL, 'latch');
+                ELSE
+                    UPDATE idempotency_sql.key_latches l
+                       SET claims = l.claims OPERATOR(pg_catalog.+) 1
+                     WHERE l.slot OPERATOR(pg_catalog.=)
+                           (idempotency_sql.key_lock(s, k, false) OPERATOR(pg_catalog.&) 65535)::int;
+                END IF;
                 CONTINUE;   -- read again, with a snapshot taken under the lock
             END IF;
             -- no live record, under the key lock: a new claim
@@ -253,6 +295,16 @@ BEGIN
             RETURN;
         END IF;
 
+        -- Under REPEATABLE READ and SERIALIZABLE the snapshot may be older
+        -- than a change of the record (completed, released, taken over,
+        -- forgotten): a share lock on the version it sees raises 40001 if
+        -- so, and waits for a transaction changing it now.  (Not in a
+        -- read-only transaction, which may not lock rows; the C extension
+        -- checks the same under its key lock.)
+        IF rr AND NOT have_record
+           AND pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'off' THEN
+            PERFORM idempotency_sql.rr_check(s, k, rec.expires_at, 'record');
+        END IF;
         have_record := true;
         IF hash IS NOT NULL AND rec.request_hash IS NOT NULL
            AND hash OPERATOR(pg_catalog.<>) rec.request_hash THEN
@@ -319,13 +371,10 @@ BEGIN
             EXIT;
         END IF;
         -- Under REPEATABLE READ the snapshot never sees the claim end: a
-        -- share lock on the version it sees raises 40001 if another
-        -- transaction changed it since (completed, released, took it over).
-        IF rr THEN
-            PERFORM FROM idempotency.records r
-             WHERE r.scope OPERATOR(pg_catalog.=) s AND r.key OPERATOR(pg_catalog.=) k
-               AND r.expires_at OPERATOR(pg_catalog.=) rec.expires_at AND NOT r.is_token
-               FOR SHARE;
+        -- share lock on the version it sees raises 40001 once another
+        -- transaction changed it (completed, released, took it over).
+        IF rr AND pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'off' THEN
+            PERFORM idempotency_sql.rr_check(s, k, rec.expires_at, 'record');
         END IF;
         -- a committed claim still running: poll until it ends or deadline
         IF pg_catalog.clock_timestamp() OPERATOR(pg_catalog.>=) deadline THEN
@@ -376,6 +425,15 @@ DECLARE
     r   idempotency.records;
 BEGIN
     FOR pass IN 1..2 LOOP
+        -- a completed record never changes (until forgotten or expired):
+        -- answered without a row lock, so that nobody waits for us
+        SELECT x.* INTO r FROM idempotency.records x
+         WHERE x.scope OPERATOR(pg_catalog.=) s AND x.key OPERATOR(pg_catalog.=) k
+           AND x.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() AND NOT x.is_token;
+        IF FOUND AND r.status OPERATOR(pg_catalog.=) 'completed' THEN
+            RETURN NEXT r;
+            RETURN;
+        END IF;
         SELECT x.* INTO r FROM idempotency.records x
          WHERE x.scope OPERATOR(pg_catalog.=) s AND x.key OPERATOR(pg_catalog.=) k
            AND x.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() AND NOT x.is_token
@@ -972,3 +1030,57 @@ REVOKE ALL ON FUNCTION idempotency.idem_request_hash(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.build_filters(interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.idem_filters() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.idem_maintain() FROM PUBLIC;
+
+--
+-- cron_check(schedule), the edition's: the shared one reads
+-- cron.database_name, which pg_cron lets only superusers and members of
+-- pg_read_all_settings read (42501 otherwise), and the edition's users are
+-- neither, as a rule.  Where it cannot be read, pg_cron's database is this
+-- one if pg_cron is installed here; otherwise the error says where to make
+-- the call instead.  The rest is the shared function's.
+--
+CREATE OR REPLACE FUNCTION idempotency.cron_check(schedule text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    cron_db     text;
+    job_name    text := pg_catalog.concat('idempotency-maintenance:', pg_catalog.current_database());
+    call        text;
+BEGIN
+    BEGIN
+        cron_db := pg_catalog.current_setting('cron.database_name', true);
+    EXCEPTION WHEN insufficient_privilege THEN
+        cron_db := CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_extension e
+                                      WHERE e.extname OPERATOR(pg_catalog.=) 'pg_cron')
+                        THEN pg_catalog.current_database() ELSE '' END;
+    END;
+    IF cron_db IS NULL THEN
+        RAISE EXCEPTION 'pg_cron is not loaded'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Install pg_cron (Debian: apt-get install postgresql-15-cron), add pg_cron to shared_preload_libraries, set cron.database_name, restart the server and run CREATE EXTENSION pg_cron in that database.  On a managed service, turn pg_cron on in its settings.';
+    END IF;
+    call := CASE WHEN schedule IS NULL
+                 THEN pg_catalog.format('SELECT cron.unschedule(%L);', job_name)
+                 ELSE pg_catalog.format('SELECT cron.schedule_in_database(%L, %L, %L, %L);',
+                                        job_name, schedule, 'SELECT idempotency.idem_maintain()',
+                                        pg_catalog.current_database()) END;
+    IF cron_db OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'pg_cron is not installed in database "%"', pg_catalog.current_database()
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = pg_catalog.format('Connect to the database where pg_cron is installed (cron.database_name, often postgres) and run: %s', call);
+    END IF;
+    IF cron_db IS DISTINCT FROM pg_catalog.current_database() THEN
+        RAISE EXCEPTION 'pg_cron lives in database "%", not in "%"', cron_db, pg_catalog.current_database()
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = pg_catalog.format('Connect to database %s and run: %s', pg_catalog.quote_ident(cron_db), call);
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'pg_cron') THEN
+        RAISE EXCEPTION 'extension "pg_cron" is not installed in database "%"', pg_catalog.current_database()
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Run CREATE EXTENSION pg_cron in this database.';
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION idempotency.cron_check(text) FROM PUBLIC;

@@ -136,7 +136,9 @@ if ((rc != 0)); then
 	mkdir -p "$HERE/build/diffs"
 	cp "$T"/out/regression.diffs "$HERE/build/diffs/regress.diffs" 2>/dev/null || true
 	cp "$T"/out_iso/regression.diffs "$HERE/build/diffs/isolation.diffs" 2>/dev/null || true
-	log "diffs kept in $HERE/build/diffs/"
+	rm -rf "$HERE/build/results"; mkdir -p "$HERE/build/results"
+	cp "$T"/out/results/*.out "$T"/out_iso/results/*.out "$HERE/build/results/" 2>/dev/null || true
+	log "diffs kept in $HERE/build/diffs/, outputs in $HERE/build/results/"
 fi
 echo "sql edition: $passed of $total tests passed."
 exit "$rc"
