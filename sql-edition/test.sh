@@ -6,9 +6,9 @@
 #   sql-edition/test.sh            every test not in sql-edition/excluded.txt
 #   sql-edition/test.sh NAME...    only those (00_setup is always run first)
 #
-# As root on Debian 12, like scripts/test.sh.  PostgreSQL is a private copy
-# (IDEM_PG_PREFIX, default /tmp/sqled-pg, made with bench/private_pg.sh when
-# missing): the host's installation is never written to.  The server runs
+# As root on Debian 12, like scripts/test.sh, for IDEM_PG_MAJOR (default 15).
+# PostgreSQL is a private copy (IDEM_PG_PREFIX, the one scripts/test.sh
+# made, else one of our own): the host's installation is never written to.  The server runs
 # as the postgres OS user on a throwaway cluster (scripts/common.sh), with
 # pg_cron preloaded as on the managed services and nothing of idempotency.
 #
@@ -30,21 +30,20 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
-export IDEM_PG_PREFIX=${IDEM_PG_PREFIX:-/tmp/sqled-pg}
-IDEM_PG_PREFIX_OWN=
-if [[ ! -x $IDEM_PG_PREFIX/lib/postgresql/15/bin/pg_config ]]; then
-	# shellcheck source=../bench/private_pg.sh
-	source "$ROOT/bench/private_pg.sh"
-	private_pg_make "$IDEM_PG_PREFIX" >/dev/null
-fi
 # shellcheck source=../scripts/common.sh
 source "$ROOT/scripts/common.sh"
+# A private copy of PostgreSQL: the one scripts/test.sh made (it exports
+# IDEM_PG_PREFIX), or one of our own, removed on exit.
+if [[ -z ${IDEM_PG_PREFIX:-} || ! -x $IDEM_PG_PREFIX/lib/postgresql/$IDEM_PG_MAJOR/bin/pg_config ]]; then
+	use_private_pg
+	PG_BINDIR=$IDEM_PG_PREFIX/lib/postgresql/$IDEM_PG_MAJOR/bin
+fi
 PGXS_DIR=$PG_BINDIR/../lib/pgxs/src/test
 
 # the edition's files, into the private copy only
 make -s --no-print-directory -C "$HERE" >/dev/null
 install -m 644 "$HERE/build/idempotency_sql.control" "$HERE/build/idempotency_sql--1.2.sql" \
-	"$IDEM_PG_PREFIX/share/postgresql/15/extension/"
+	"$("$PG_BINDIR/pg_config" --sharedir)/extension/"
 
 # which tests: all but the excluded, or those named
 mapfile -t excluded < <(sed -e 's/#.*//' -e 's/[[:space:]].*//' "$HERE/excluded.txt" | grep -v '^$' || true)
@@ -52,7 +51,7 @@ is_excluded() { local t; for t in "${excluded[@]}"; do [[ $t == "$1" ]] && retur
 regress=() isolation=()
 if (($# > 0)); then
 	for t in "$@"; do
-		if [[ -f $ROOT/sql/$t.sql ]]; then regress+=("$t");
+		if [[ -f $ROOT/sql/$t.sql || -f $HERE/sql/$t.sql ]]; then regress+=("$t");
 		elif [[ -f $ROOT/specs/$t.spec ]]; then isolation+=("$t");
 		else die "no test $t"; fi
 	done
@@ -60,21 +59,22 @@ if (($# > 0)); then
 else
 	for f in "$ROOT"/sql/*.sql; do t=$(basename "$f" .sql); is_excluded "$t" || regress+=("$t"); done
 	for f in "$ROOT"/specs/*.spec; do t=$(basename "$f" .spec); is_excluded "$t" || isolation+=("$t"); done
+	# the edition's own tests, after the project's
+	for f in "$HERE"/sql/*.sql; do regress+=("$(basename "$f" .sql)"); done
 fi
 
 # The cluster: scripts/common.sh's start_cluster appends $REPO_ROOT/regress.conf,
 # which preloads the C library; point it at the edition's settings instead.
-STAGE=$(mktemp -d /tmp/sqled-stage.XXXXXX)
-cleanup_stage() { rm -rf "$STAGE"; }
+STAGE=$(mktemp -d "${TMPDIR:-/tmp}/sqled-stage.XXXXXX")
 cat >"$STAGE/regress.conf" <<-CONF
 	# the SQL edition: nothing of idempotency preloaded; pg_cron as on the managed services
 	shared_preload_libraries = 'pg_cron'
 	cron.database_name = 'postgres'
 	max_connections = 100
 CONF
-REPO_ROOT=$STAGE start_cluster fast
+REPO_ROOT=$STAGE start_cluster fast    # its EXIT trap stops the server
 REPO_ROOT=$ROOT
-trap 'rc=$?; trap - EXIT; stop_cluster "$rc" || true; cleanup_stage; exit "$rc"' EXIT
+rm -rf "$STAGE"
 
 SOCK=$IDEM_TMPDIR/socket
 psql_su() { as_postgres "$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -h "$SOCK" -p "$PGPORT" -U postgres "$@"; }
@@ -82,6 +82,10 @@ psql_su -d postgres <<-SQL
 	CREATE ROLE idem_owner LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB;
 	CREATE DATABASE contrib_regression OWNER idem_owner;
 	CREATE DATABASE isolation_regression OWNER idem_owner;
+	-- what a managed service's administrator makes for sql-edition/sql/90_edition.sql
+	CREATE ROLE regress_idem_sql_app NOLOGIN;
+	CREATE ROLE regress_idem_sql_ops NOLOGIN;
+	GRANT regress_idem_sql_app, regress_idem_sql_ops TO idem_owner;
 SQL
 
 # The tests, copied where the postgres OS user can read them
@@ -93,7 +97,8 @@ sed -i -E 's/\b(CREATE|DROP) EXTENSION( IF NOT EXISTS| IF EXISTS)? idempotency\b
 	"$T"/sql/*.sql "$T"/expected/*.out
 sed -i -E "s/extname = 'idempotency'/extname = 'idempotency_sql'/" "$T"/sql/*.sql "$T"/expected/*.out
 sed -i -E 's/^(\s*)CREATE EXTENSION IF NOT EXISTS idempotency;/\1SET client_min_messages = warning;/' "$T"/specs/*.spec
-if compgen -G "$HERE/expected/*.out" >/dev/null; then cp "$HERE"/expected/*.out "$T/expected/"; fi
+cp "$HERE"/sql/*.sql "$T/sql/"
+cp "$HERE"/expected/*.out "$T/expected/"
 # The edition's errors are raised in PL/pgSQL, which adds a CONTEXT line
 # (the function and line) that the C extension's errors have not; no
 # expected output holds one.  psql leaves them out with SHOW_CONTEXT=never
