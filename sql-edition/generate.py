@@ -229,7 +229,9 @@ def main():
         f.write(script('plain'))
     # pg_tle: the same script, without the psql guard, as the argument of
     # pgtle.install_extension (a dollar quote that the script never uses)
-    tle_body = re.sub(r'^\\echo [^\n]*\n', '', ext_sql, flags=re.M)
+    # pg_tle takes no control file: no schema = idempotency to make the
+    # schema, so the script makes it
+    tle_body = re.sub(r'^\\echo [^\n]*\n', 'CREATE SCHEMA idempotency;\n', ext_sql, count=1, flags=re.M)
     if '$_idem_tle_$' in tle_body:
         sys.stderr.write('generate.py: the pg_tle quote occurs in the script\n')
         sys.exit(1)

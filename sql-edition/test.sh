@@ -3,7 +3,8 @@
 # (specs/) suites against the SQL edition, installed and called by a role
 # that is neither superuser nor CREATEROLE (what managed services give).
 #
-#   sql-edition/test.sh            every test not in sql-edition/excluded.txt
+#   sql-edition/test.sh            every test not in sql-edition/excluded.txt,
+#                                  the edition's own (sql-edition/sql/) and a stress run
 #   sql-edition/test.sh NAME...    only those (00_setup is always run first)
 #
 # As root on Debian 12, like scripts/test.sh, for IDEM_PG_MAJOR (default 15).
@@ -137,6 +138,43 @@ if ((${#isolation[@]} > 0)); then
 	cat "$T/isolation.log"
 	count "$T/isolation.log"
 fi
+# Stress: 8 clients claim 10 keys for 5 s under each isolation level, each
+# holder takes a row of public.holders (primary key: a second holder at
+# the same time would fail on it, and pgbench would fail) and releases its
+# claim.  Not a measure of speed: on a shared machine only correctness counts.
+stress() {
+	local iso=$1 out=$T/stress.out
+	cat >"$T/stress.sql" <<-SQL
+		\set n random(1, 10)
+		BEGIN ISOLATION LEVEL $iso;
+		SELECT (outcome = 'acquired')::int AS got, claim AS c FROM idempotency.idem_acquire('s' || :n, lease => '1 hour') \gset
+		COMMIT;
+		\if :got
+		INSERT INTO public.holders VALUES ('s' || :n);
+		DELETE FROM public.holders WHERE k = 's' || :n;
+		SELECT idempotency.idem_release('s' || :n, claim => ':c');
+		\endif
+	SQL
+	chown postgres "$T/stress.sql"
+	total=$((total + 1))
+	if as_postgres env PGOPTIONS="-c idempotency.wait_timeout=0" "$PG_BINDIR/pgbench" -n -h "$SOCK" -p "$PGPORT" \
+		-U idem_owner -c 8 -j 2 -T 5 --max-tries=50 -f "$T/stress.sql" isolation_regression >"$out" 2>&1 &&
+		grep -q '^number of failed transactions: 0 ' "$out"; then
+		passed=$((passed + 1))
+		echo "stress ($iso, 8 clients, 10 keys): ok, $(grep -E '^number of transactions actually processed' "$out" | sed 's/.*: //') transactions"
+	else
+		rc=1
+		echo "stress ($iso, 8 clients, 10 keys) ... FAILED"
+		cat "$out"
+	fi
+}
+if (($# == 0)); then
+	as_postgres "$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -h "$SOCK" -p "$PGPORT" -U idem_owner \
+		-d isolation_regression -c 'CREATE TABLE public.holders (k text PRIMARY KEY)'
+	stress 'read committed'
+	stress 'repeatable read'
+fi
+
 if ((rc != 0)); then
 	mkdir -p "$HERE/build/diffs"
 	cp "$T"/out/regression.diffs "$HERE/build/diffs/regress.diffs" 2>/dev/null || true
