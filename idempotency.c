@@ -1405,6 +1405,12 @@ idem_extend_1_2(PG_FUNCTION_ARGS)
  * heartbeat.  The errors are idem_extend's (a claim that is not the
  * record's: 55000, checked before the completed case; no live processing
  * record: P0002).
+ *
+ * Unlike idem_extend's, the claim is required (issue 36): a checkpoint made
+ * without it could overwrite the current holder's, and the next takeover
+ * would then be told a step that holder never got to, or not told one it
+ * did.  The SQL keeps its DEFAULT NULL (the 1.2 signature), so NULL is
+ * refused here, with 22004 as for the other required arguments.
  */
 Datum
 idem_checkpoint(PG_FUNCTION_ARGS)
@@ -1412,7 +1418,6 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	text	   *key;
 	text	   *scope;
 	pg_uuid_t	claim;
-	bool		check_claim;
 	text	   *phase;
 	IdemKeyRead kr;
 	IdemRecord *rec = &kr.rec;
@@ -1422,7 +1427,12 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	idem_check_nargs(fcinfo, 5);
 	key = idem_check_ident(fcinfo, 0, true);
 	scope = idem_check_ident(fcinfo, 1, false);
-	check_claim = idem_check_claim_arg(fcinfo, 2, &claim);
+	if (!idem_check_claim_arg(fcinfo, 2, &claim))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("checkpoint claim must not be null"),
+				 errdetail("Only the holder of the processing claim records its checkpoint."),
+				 errhint("Pass the claim that idem_acquire returned.")));
 	if (PG_ARGISNULL(3))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -1444,7 +1454,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 
 	parent = idem_records_open();
 	idem_require_1_2();
-	idem_lock_processing(&kr, parent, scope, key, check_claim, &claim,
+	idem_lock_processing(&kr, parent, scope, key, true, &claim,
 						 "Only a processing claim records checkpoints.");
 
 	idem_records_checkpoint(parent, rec, &kr.key, phase,

@@ -10,17 +10,18 @@
 --
 SET idempotency.wait_timeout = 0;
 
--- Checkpoints: a new key has none; the holder records one; it is not a
--- heartbeat (locked_until unchanged); lookup shows it.
+-- Checkpoints: a new key has none; the holder records one with its claim;
+-- it is not a heartbeat (locked_until unchanged); lookup shows it.
 SELECT outcome, attempt, phase, state, response_headers, origin_trace
   FROM idempotency.idem_acquire('v-pay', '{"amount": 10}', lease => '1 hour', trace => 'tp-first');
+SELECT claim AS vpay_claim FROM idempotency.records WHERE key = 'v-pay' \gset
 SELECT locked_until AS lease_end FROM idempotency.idem_lookup('v-pay') \gset
-SELECT idempotency.idem_checkpoint('v-pay', phase => 'charged', state => '{"charge": "ch_1"}') = :'lease_end'::timestamptz AS lease_unchanged;
+SELECT idempotency.idem_checkpoint('v-pay', claim => :'vpay_claim', phase => 'charged', state => '{"charge": "ch_1"}') = :'lease_end'::timestamptz AS lease_unchanged;
 SELECT status, phase, state, origin_trace FROM idempotency.idem_lookup('v-pay');
 
 -- In the caller's transaction: rolled back with it, kept when it commits.
 BEGIN;
-SELECT idempotency.idem_checkpoint('v-pay', phase => 'refunded', state => '{"refund": "re_1"}') IS NOT NULL AS checkpointed;
+SELECT idempotency.idem_checkpoint('v-pay', claim => :'vpay_claim', phase => 'refunded', state => '{"refund": "re_1"}') IS NOT NULL AS checkpointed;
 SELECT phase FROM idempotency.idem_lookup('v-pay');
 ROLLBACK;
 SELECT phase, state FROM idempotency.idem_lookup('v-pay');
@@ -31,6 +32,15 @@ SELECT idempotency.idem_checkpoint('v-own', '', :'pay_claim', 'step-1') IS NOT N
 SELECT public.records_fingerprint() AS before \gset
 SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', '', gen_random_uuid(), 'step-2')$$) AS other_claim;
 
+-- The claim is required (issue 36): without one (NULL, the default) 22004,
+-- and the holder's checkpoint stays as it was, so that the next takeover
+-- is not told a step that was not the holder's.
+SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', '', NULL, 'started')$$) AS null_claim,
+       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', phase => 'started', state => '{}')$$) AS no_claim;
+SELECT idempotency.idem_checkpoint('v-own', phase => 'started');
+SELECT public.records_fingerprint() = :'before' AS nothing_written;
+SELECT status, phase, state FROM idempotency.idem_lookup('v-own');
+
 -- Duplicates see no checkpoint: in_progress, mismatch (and a replay below).
 SELECT outcome, phase, state, origin_trace FROM idempotency.idem_acquire('v-pay', '{"amount": 10}', trace => 'tp-dup');
 SELECT outcome, phase, state, origin_trace FROM idempotency.idem_acquire('v-pay', '{"amount": 99}', trace => 'tp-other');
@@ -38,7 +48,8 @@ SELECT outcome, phase, state, origin_trace FROM idempotency.idem_acquire('v-pay'
 -- A takeover answers the last checkpoint, stores its own trace, and keeps
 -- the checkpoint for the takeover after it (which answers it again).
 SELECT outcome FROM idempotency.idem_acquire('v-resume', '{"amount": 5}', lease => '1 millisecond', trace => 'tp-a');
-SELECT idempotency.idem_checkpoint('v-resume', phase => 'charged', state => '{"charge": "ch_9"}') IS NOT NULL AS checkpointed;
+SELECT claim AS resume_claim FROM idempotency.records WHERE key = 'v-resume' \gset
+SELECT idempotency.idem_checkpoint('v-resume', claim => :'resume_claim', phase => 'charged', state => '{"charge": "ch_9"}') IS NOT NULL AS checkpointed;
 SELECT pg_sleep(0.01);
 SELECT * FROM idempotency.stale_claims WHERE key = 'v-resume' AND false;
 SELECT key, attempt, reason, origin_trace FROM idempotency.stale_claims WHERE key = 'v-resume';
@@ -58,22 +69,23 @@ SELECT outcome, attempt, phase, state FROM idempotency.idem_acquire('v-plain');
 SELECT idempotency.idem_complete('v-resume', 201, '{"id": 9}');
 SELECT status, phase, state FROM idempotency.idem_lookup('v-resume');
 SELECT public.records_fingerprint() AS before \gset
-SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-resume', phase => 'again')$$) AS completed;
-SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-none', phase => 'x')$$) AS no_record;
+SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-resume',
+    claim => (SELECT claim FROM idempotency.records WHERE key = 'v-resume'), phase => 'again')$$) AS completed;
+SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-none', claim => gen_random_uuid(), phase => 'x')$$) AS no_record;
 
 -- Bad input: NULL key or scope 22004; phase NULL, empty or over 255 bytes
 -- 22023; state over max_response_bytes 54000.  Nothing written.
-SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint(NULL, phase => 'x')$$) AS null_key,
-       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', NULL, phase => 'x')$$) AS null_scope,
-       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own')$$) AS null_phase,
-       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', phase => '')$$) AS empty_phase,
-       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', phase => repeat('p', 256))$$) AS long_phase;
+SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint(NULL, claim => gen_random_uuid(), phase => 'x')$$) AS null_key,
+       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', NULL, gen_random_uuid(), phase => 'x')$$) AS null_scope,
+       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', claim => gen_random_uuid())$$) AS null_phase,
+       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', claim => gen_random_uuid(), phase => '')$$) AS empty_phase,
+       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', claim => gen_random_uuid(), phase => repeat('p', 256))$$) AS long_phase;
 SET idempotency.max_response_bytes = 100;
-SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', phase => 'x',
+SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', claim => gen_random_uuid(), phase => 'x',
     state => pg_catalog.jsonb_build_object('s', repeat('x', 200)))$$) AS large_state;
 RESET idempotency.max_response_bytes;
 SELECT public.records_fingerprint() = :'before' AS nothing_written;
-SELECT idempotency.idem_checkpoint('v-own', phase => repeat('p', 255)) IS NOT NULL AS phase_255;
+SELECT idempotency.idem_checkpoint('v-own', claim => :'pay_claim', phase => repeat('p', 255)) IS NOT NULL AS phase_255;
 SELECT phase = repeat('p', 255) AS phase_255_stored, state FROM idempotency.idem_lookup('v-own');
 
 -- Replayed headers: stored with names in lower case, replayed with replay
@@ -167,8 +179,8 @@ SELECT outcome FROM idempotency.idem_acquire('v-op', '{"a": 1}');
 SELECT idempotency.idem_complete('v-op', 200);
 SET ROLE regress_idem_v12_app;
 SELECT public.sqlstate_of($$SELECT idempotency.idem_forget('v-op')$$) AS app_forget;
-SELECT outcome, claim IS NOT NULL AS has_claim FROM idempotency.idem_acquire('v-app', lease => '1 hour', trace => 'tp-app');
-SELECT idempotency.idem_checkpoint('v-app', phase => 'step') IS NOT NULL AS app_checkpoint;
+SELECT claim AS app_claim FROM idempotency.idem_acquire('v-app', lease => '1 hour', trace => 'tp-app') \gset
+SELECT idempotency.idem_checkpoint('v-app', claim => :'app_claim', phase => 'step') IS NOT NULL AS app_checkpoint;
 SELECT idempotency.idem_complete('v-app', 201, response_headers => '{"Location": "/a"}');
 SELECT outcome, response_headers, origin_trace FROM idempotency.idem_acquire('v-app');
 SET ROLE regress_idem_operator;
