@@ -49,6 +49,7 @@
 #include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/json.h"
 #include "utils/jsonb.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -61,6 +62,9 @@ PG_MODULE_MAGIC;
 #if PG_VERSION_NUM < 160000
 void		_PG_init(void);
 #endif
+
+/* Most headers idem_complete stores with a response (1.2) */
+#define IDEM_MAX_HEADERS		64
 
 /* retry_after of an in_progress claim that has no lease end to count to */
 #define IDEM_RETRY_AFTER_MIN	1
@@ -460,10 +464,44 @@ idem_check_optional_string(FunctionCallInfo fcinfo, int argno,
 }
 
 /*
+ * Whether c may appear in an HTTP field name: an RFC 9110 tchar, a letter,
+ * a digit or one of !#$%&'*+-.^_`|~.
+ */
+static inline bool
+idem_is_tchar(unsigned char c)
+{
+	if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		(c >= '0' && c <= '9'))
+		return true;
+	return c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+/*
+ * A header name (len bytes, from a jsonb) as the errors show it: in JSON's
+ * quotes and escapes, so that a CR or LF in it shows as \r or \n and cannot
+ * break the server log's line.  Error paths only.
+ */
+static char *
+idem_header_display(const char *name, int len)
+{
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	escape_json(&buf, pnstrdup(name, len));
+	return buf.data;
+}
+
+/*
  * Check idem_complete's response_headers (1.2) and return them as stored:
- * a JSON object whose values are strings, its names in lower case (ASCII
- * letters only, as HTTP header names are).  Names that differ only in case
- * become one, the last in jsonb's order of keys winning.
+ * a JSON object of at most IDEM_MAX_HEADERS names, each an HTTP field name
+ * (RFC 9110 token) stored in lower case, no two equal once lower-cased, and
+ * string values that hold no CR, LF or NUL (issue 36: a middleware that
+ * copies them back into a response can never be made to send a header the
+ * application did not set).  Anything else is 22023, raised before
+ * anything is locked or written.  (jsonb refuses \u0000 itself, and has
+ * kept only the last of names given twice exactly, before we see them.)
+ * Costs a pass over the headers' bytes and, for the duplicates, at most
+ * IDEM_MAX_HEADERS^2 / 2 comparisons of names of equal length.
  */
 static Jsonb *
 idem_check_headers(Jsonb *jb)
@@ -473,13 +511,23 @@ idem_check_headers(Jsonb *jb)
 	JsonbIteratorToken r;
 	JsonbParseState *state = NULL;
 	JsonbValue *res = NULL;
-	char	   *name = NULL;
+	const char *given[IDEM_MAX_HEADERS];	/* the names as given */
+	char	   *lower[IDEM_MAX_HEADERS];	/* ... and in lower case */
+	int			lens[IDEM_MAX_HEADERS];
+	int			n = 0;
 
 	if (JB_ROOT_IS_SCALAR(jb) || !JB_ROOT_IS_OBJECT(jb))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("response_headers must be a JSON object"),
 				 errhint("Pass an object of header name and string value, such as '{\"Location\": \"/orders/1\"}'.")));
+	if (JB_ROOT_COUNT(jb) > IDEM_MAX_HEADERS)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("too many response headers"),
+				 errdetail("response_headers has %u headers; the limit is %d.",
+						   (unsigned int) JB_ROOT_COUNT(jb), IDEM_MAX_HEADERS),
+				 errhint("Store only the headers a replay needs, such as Location and ETag.")));
 
 	it = JsonbIteratorInit(&jb->root);
 	while ((r = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
@@ -491,12 +539,36 @@ idem_check_headers(Jsonb *jb)
 				break;
 			case WJB_KEY:
 				{
+					const char *name = v.val.string.val;
+					int			len = v.val.string.len;
+					char	   *low = palloc(len + 1);
 					int			i;
 
-					name = pnstrdup(v.val.string.val, v.val.string.len);
-					for (i = 0; i < v.val.string.len; i++)
-						name[i] = pg_ascii_tolower((unsigned char) name[i]);
-					v.val.string.val = name;
+					for (i = 0; i < len && idem_is_tchar((unsigned char) name[i]); i++)
+						low[i] = pg_ascii_tolower((unsigned char) name[i]);
+					low[i] = '\0';
+					if (len == 0 || i < len)
+						ereport(ERROR,
+								(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+								 errmsg("invalid response header name"),
+								 errdetail("Header name %s is not an HTTP field name.",
+										   idem_header_display(name, len)),
+								 errhint("A header name is one or more letters, digits or characters of !#$%%&'*+-.^_`|~ (an RFC 9110 token).")));
+					for (i = 0; i < n; i++)
+						if (lens[i] == len && memcmp(lower[i], low, len) == 0)
+							ereport(ERROR,
+									(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+									 errmsg("duplicate response header name"),
+									 errdetail("Header names %s and %s are the same name in lower case.",
+											   idem_header_display(given[i], len),
+											   idem_header_display(name, len)),
+									 errhint("Store each header once.")));
+					Assert(n < IDEM_MAX_HEADERS);
+					given[n] = name;
+					lower[n] = low;
+					lens[n] = len;
+					n++;
+					v.val.string.val = low;
 					res = pushJsonbValue(&state, r, &v);
 					break;
 				}
@@ -505,8 +577,22 @@ idem_check_headers(Jsonb *jb)
 					ereport(ERROR,
 							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 							 errmsg("value of response header \"%s\" is not a string",
-									name ? name : ""),
+									n > 0 ? lower[n - 1] : ""),
 							 errhint("Store every header value as a JSON string.")));
+				for (int i = 0; i < v.val.string.len; i++)
+				{
+					char		c = v.val.string.val[i];
+
+					if (c == '\r' || c == '\n' || c == '\0')
+						ereport(ERROR,
+								(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+								 errmsg("invalid response header value"),
+								 errdetail("The value of header %s holds a %s.",
+										   idem_header_display(given[n - 1], lens[n - 1]),
+										   c == '\r' ? "carriage return (CR)" :
+										   c == '\n' ? "line feed (LF)" : "NUL byte"),
+								 errhint("A header value is one line of text: remove its CR, LF and NUL characters.")));
+				}
 				res = pushJsonbValue(&state, r, &v);
 				break;
 			case WJB_END_OBJECT:

@@ -101,10 +101,19 @@ SELECT response_headers FROM idempotency.idem_lookup('v-created');
 SELECT outcome FROM idempotency.idem_acquire('v-plain-done');
 SELECT idempotency.idem_complete('v-plain-done', 204);
 SELECT outcome, response_headers, origin_trace FROM idempotency.idem_acquire('v-plain-done');
--- names differing only in case become one
+-- Accepted (issue 36): every character of an RFC 9110 token, names in
+-- mixed case stored in lower case, a value with a tab or empty, and 64
+-- headers.
 SELECT outcome FROM idempotency.idem_acquire('v-case');
-SELECT idempotency.idem_complete('v-case', 200, response_headers => '{"ETag": "a", "etag": "b"}');
-SELECT pg_catalog.jsonb_object_keys(response_headers) AS names FROM idempotency.idem_lookup('v-case');
+SELECT idempotency.idem_complete('v-case', 200, response_headers =>
+    '{"X-Az09!#$%&''*+-.^_`|~": "v", "Content-TYPE": "text/plain;\tcharset=utf-8", "x-EMPTY": ""}');
+SELECT response_headers FROM idempotency.idem_lookup('v-case');
+SELECT outcome FROM idempotency.idem_acquire('v-64-headers');
+SELECT idempotency.idem_complete('v-64-headers', 200, response_headers =>
+    (SELECT pg_catalog.jsonb_object_agg('X-Header-' || i, 'value ' || i) FROM pg_catalog.generate_series(1, 64) i));
+SELECT pg_catalog.count(*) AS stored, pg_catalog.bool_and(name = pg_catalog.lower(name)) AS lower_case
+  FROM idempotency.idem_lookup('v-64-headers'), pg_catalog.jsonb_object_keys(response_headers) name;
+SELECT outcome, pg_catalog.jsonb_typeof(response_headers) AS replayed FROM idempotency.idem_acquire('v-64-headers');
 
 -- Bad headers: not an object, a value that is not a string 22023; with the
 -- body over max_response_bytes 54000.  Nothing written.
@@ -121,6 +130,37 @@ SELECT public.sqlstate_of($$SELECT idempotency.idem_complete('v-bad-headers', 20
 SELECT public.sqlstate_of($$SELECT idempotency.idem_complete('v-bad-headers', 200, '{"body": "0123456789012345678901234567890123456789"}')$$) AS body_alone_fits;
 RESET idempotency.max_response_bytes;
 SELECT status FROM idempotency.idem_lookup('v-bad-headers');
+
+-- Header injection (issue 36): a name that is not an HTTP field name (an
+-- RFC 9110 token: empty, with a space, a colon, a CR or LF, a slash, a
+-- non-ASCII letter), two names equal after lower-casing, a value with a
+-- CR or LF, more than 64 headers: 22023, nothing stored, the claim still
+-- processing.  (A NUL never gets this far: jsonb refuses \u0000, 22P05.)
+SELECT outcome FROM idempotency.idem_acquire('v-inject');
+SELECT public.records_fingerprint() AS before \gset
+SELECT public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"": "x"}')$$) AS empty_name,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"X Header": "x"}')$$) AS space_in_name,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"Location:": "/a"}')$$) AS colon_in_name,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"X-A\r\nSet-Cookie": "s=1"}')$$) AS crlf_in_name,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"X/Y": "x"}')$$) AS slash_in_name,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"Ünicode": "x"}')$$) AS non_ascii_name;
+SELECT public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"Location": "/a\rSet-Cookie: s=1"}')$$) AS cr_in_value,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"Location": "/a\nSet-Cookie: s=1"}')$$) AS lf_in_value,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"Location": "/a\r\n"}')$$) AS crlf_at_end,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"X": "a\u0000b"}')$$) AS nul_in_value;
+SELECT public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"ETag": "\"a\"", "etag": "\"b\""}')$$) AS etag_twice,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"A": "1", "B": "2", "Z": "3", "b": "4"}')$$) AS b_twice,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers =>
+           (SELECT pg_catalog.jsonb_object_agg('X-Header-' || i, 'value ' || i) FROM pg_catalog.generate_series(1, 65) i))$$) AS headers_65;
+-- what each says
+SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"Location": "/a", "X Header": "x"}');
+SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"Location": "/a\r\nSet-Cookie: s=1"}');
+SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"ETag": "\"a\"", "etag": "\"b\""}');
+SELECT idempotency.idem_complete('v-inject', 200, response_headers =>
+    (SELECT pg_catalog.jsonb_object_agg('X-Header-' || i, 'value ' || i) FROM pg_catalog.generate_series(1, 65) i));
+SELECT public.records_fingerprint() = :'before' AS nothing_written;
+SELECT status, response_status, response_headers FROM idempotency.idem_lookup('v-inject');
+
 
 -- Traces: over 255 bytes 22023, nothing written; exactly 255 stored.
 SELECT public.records_fingerprint() AS before \gset
