@@ -263,11 +263,12 @@ _PG_init(void)
 /*
  * Return string argument argno, named what ("key", "scope", "token") in
  * errors, after checking it: not NULL, at most IDEM_MAX_KEY_BYTES bytes,
- * and not empty if nonempty.
+ * and not empty if nonempty.  too_long_hint is the hint of the error for
+ * one that is too long: what the caller should pass instead.
  */
 static text *
 idem_check_string(FunctionCallInfo fcinfo, int argno, const char *what,
-				  bool nonempty)
+				  bool nonempty, const char *too_long_hint)
 {
 	text	   *t;
 	size_t		len;
@@ -290,18 +291,24 @@ idem_check_string(FunctionCallInfo fcinfo, int argno, const char *what,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("idempotency %s is too long", what),
 				 errdetail("It has %zu bytes; the limit is %d.",
-						   len, IDEM_MAX_KEY_BYTES)));
+						   len, IDEM_MAX_KEY_BYTES),
+				 errhint("%s", too_long_hint)));
 	return t;
 }
 
 /*
  * Return argument argno, the key (is_key) or the scope, after checking it:
  * not NULL, at most IDEM_MAX_KEY_BYTES bytes, and for the key not empty.
+ * A longer natural key or scope fits once hashed, which the hint says.
  */
 static text *
 idem_check_ident(FunctionCallInfo fcinfo, int argno, bool is_key)
 {
-	return idem_check_string(fcinfo, argno, is_key ? "key" : "scope", is_key);
+	if (is_key)
+		return idem_check_string(fcinfo, argno, "key", true,
+								 "Pass a hash of a longer natural key, such as the hex of its SHA-256 (64 bytes).");
+	return idem_check_string(fcinfo, argno, "scope", false,
+							 "Pass a hash of a longer scope, such as the hex of its SHA-256 (64 bytes).");
 }
 
 /*
@@ -1780,7 +1787,8 @@ idem_token_consume(PG_FUNCTION_ARGS)
 	Relation	parent;
 	bool		result;
 
-	token = idem_check_string(fcinfo, 0, "token", true);
+	token = idem_check_string(fcinfo, 0, "token", true,
+							  "Pass a token as idem_token_issue returned it.");
 	scope = idem_check_ident(fcinfo, 1, false);
 	PreventCommandDuringRecovery("idem_token_consume()");
 

@@ -161,6 +161,9 @@ SELECT idempotency.idem_complete('v-inject', 200, response_headers =>
 SELECT public.records_fingerprint() = :'before' AS nothing_written;
 SELECT status, response_status, response_headers FROM idempotency.idem_lookup('v-inject');
 
+-- A key or scope over 255 bytes: 22023, with a hint that says what to do.
+SELECT outcome FROM idempotency.idem_acquire(repeat('k', 256));
+SELECT outcome FROM idempotency.idem_acquire('v-long-scope', scope => repeat('s', 256));
 
 -- Traces: over 255 bytes 22023, nothing written; exactly 255 stored.
 SELECT public.records_fingerprint() AS before \gset
