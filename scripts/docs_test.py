@@ -5,8 +5,10 @@ Run by scripts/docs_test.sh, against the throwaway cluster it started for
 this file (PGHOST, PGPORT, IDEM_PGDATA, IDEM_SERVER_LOG, PG_BINDIR, REPO_ROOT
 in the environment).  The convention is in docs/testing.md:
 
-  ```sql      psql, as the postgres role; psql variables (\\gset) and the
-              database (\\c) carry over to the next sql block of the file
+  ```sql      psql, as the postgres role, from / (never the clone, which it
+              may not enter: a clone under /root, say); psql variables
+              (\\gset) and the database (\\c) carry over to the next sql
+              block of the file
   ```sh       bash -e, as root, in the repository root; variables with
   ```bash     lower-case names carry over to the next shell block; a server
               started with & runs until the end of the file
@@ -105,18 +107,24 @@ psql_db = [ENV.get("PGDATABASE", "postgres")]
 groups = []
 
 
-def as_postgres(cmd):
-    return cmd if os.geteuid() != 0 else ["runuser", "-u", "postgres", "--"] + cmd
+def run_as_postgres(cmd, **kw):
+    """subprocess.run of cmd as the postgres OS user, from "/": never from
+    the clone, which may be in a folder postgres cannot enter (a clone in
+    /root), where PostgreSQL's programs print "could not change directory
+    to ..." into the block's output"""
+    if os.geteuid() == 0:
+        cmd = ["runuser", "-u", "postgres", "--"] + cmd
+    return subprocess.run(cmd, cwd="/", **kw)
 
 
 def run_sql(text):
     script = "".join(f"\\set {k} '{v}'\n" for k, v in psql_vars.items())
     marker = "--docs-test-variables--"
     script += text + f"\n\\echo {marker}\n\\echo :DBNAME\n\\set\n"
-    p = subprocess.run(as_postgres(["stdbuf", "-o0", "-e0", os.path.join(PG_BINDIR, "psql"),
-                                    "-X", "-q", "-P", "pager=off", "-d", psql_db[0]]),
-                       input=script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, cwd=REPO, env=ENV, timeout=300)
+    p = run_as_postgres(["stdbuf", "-o0", "-e0", os.path.join(PG_BINDIR, "psql"),
+                         "-X", "-q", "-P", "pager=off", "-d", psql_db[0]],
+                        input=script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True, env=ENV, timeout=300)
     out, _, tail = p.stdout.partition(marker + "\n")
     if tail:
         rest = tail.split("\n")
@@ -156,10 +164,10 @@ def run_ini(text):
     with open(conf, "a", encoding="utf-8") as f:
         f.write("\n# docs-test block\n" + text)
     env = {k: v for k, v in ENV.items() if not k.startswith("PG")}
-    p = subprocess.run(as_postgres([os.path.join(PG_BINDIR, "pg_ctl"), "restart", "-w", "-t", "60",
-                                    "-D", ENV["IDEM_PGDATA"], "-l", ENV["IDEM_SERVER_LOG"],
-                                    "-o", "-p " + ENV["PGPORT"]]),
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/", env=env)
+    p = run_as_postgres([os.path.join(PG_BINDIR, "pg_ctl"), "restart", "-w", "-t", "60",
+                         "-D", ENV["IDEM_PGDATA"], "-l", ENV["IDEM_SERVER_LOG"],
+                         "-o", "-p " + ENV["PGPORT"]],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     out = p.stdout
     if p.returncode != 0:
         try:
