@@ -117,7 +117,7 @@ debian_upstream() {
 		sed -E 's/^[0-9]+://; s/-[^-]+$//'
 }
 # debian_matches VERSION: debian/changelog packages VERSION (META.json's),
-# with ~dev allowed until that version's full install script is released
+# with ~dev allowed until a script that ends at that version is released
 debian_matches() {
 	local want=$1 got
 	got=$(debian_upstream)
