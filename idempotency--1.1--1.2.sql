@@ -7,11 +7,12 @@
 --
 -- Partitions that maintenance makes from 1.2 on are laid out for the one
 -- update most records get, their completion, so that it is a HOT update
--- that logs little more than what it writes.  The update makes every
--- dated partition that is still empty again in that layout (below, after
--- the new columns): all of them in a new install, whose first partitions
--- idempotency--1.1.sql makes, and the empty ones of an updated database.
--- A partition that holds records keeps its layout (a partition may order
+-- that logs little more than what it writes.  The update makes the dated
+-- partitions that are still empty again in that layout (below, after the
+-- new columns): in a new install, whose first partitions
+-- idempotency--1.1.sql makes, and in an updated database; as many as half
+-- the lock table allows, which is all of them with daily partitions.  A
+-- partition that holds records keeps its layout (a partition may order
 -- its columns differently from its parent; every reader and writer finds
 -- columns by name) until maintenance drops it.
 --
@@ -327,28 +328,51 @@ ALTER TABLE idempotency.records
 
 --
 -- The dated partitions that hold no record are made again in 1.2's layout
--- (see the head of this file), with their names and ranges: every one in a
--- new install (CREATE EXTENSION runs idempotency--1.1.sql, then this
--- script), and an updated database's empty ones.  The ALTER TABLE above
--- holds ACCESS EXCLUSIVE on every partition to the end of the update, so
--- none gains a record once it was found empty; a claim in a transaction
--- still open made the update wait for it.  A partition that objects of
--- the user's depend on (DROP TABLE refuses, 2BP01) keeps its layout, as
--- one that holds records does.  Like those that maintenance makes, the
--- new partitions are not members of the extension.
+-- (see the head of this file), with their names and ranges: in a new
+-- install (CREATE EXTENSION runs idempotency--1.1.sql, then this script)
+-- and an updated database's empty ones.  The ALTER TABLE above holds
+-- ACCESS EXCLUSIVE on every partition to the end of the update, so none
+-- gains a record once it was found empty; a claim in a transaction still
+-- open made the update wait for it.  A partition that objects of the
+-- user's depend on (DROP TABLE refuses, 2BP01) keeps its layout, as one
+-- that holds records does.  Like those that maintenance makes, the new
+-- partitions are not members of the extension.
+--
+-- Every lock the update takes is held to its end, and making a partition
+-- again takes about 26 (the old one's objects, the new one's), on top of
+-- the 10 or so that idempotency--1.1.sql took to make it: with 15-minute
+-- partitions and a week's max_ttl (676 of them) that is more than the
+-- shared lock table holds by default.  So the partitions are made again
+-- nearest first, while what this transaction holds stays under half the
+-- shared lock table (max_locks_per_transaction for each backend the server
+-- may run and each prepared transaction).  With the default settings that
+-- is every daily partition, and the first four days of hourly ones.  The
+-- others keep their layout; maintenance makes those after them in 1.2's.
 --
 DO $$
 DECLARE
     p       record;
     part    regclass;
     holds   boolean;
+    budget  bigint;
 BEGIN
+    -- half the shared lock table: max_locks_per_transaction slots for each
+    -- backend the server may run (MaxBackends) and each prepared transaction
+    SELECT (pg_catalog.sum(pg_catalog.current_setting(g)::pg_catalog.int8) OPERATOR(pg_catalog.+) 1)
+           OPERATOR(pg_catalog.*) pg_catalog.current_setting('max_locks_per_transaction')::pg_catalog.int8
+           OPERATOR(pg_catalog./) 2
+      INTO budget
+      FROM pg_catalog.unnest(ARRAY['max_connections', 'autovacuum_max_workers', 'max_worker_processes',
+                                   'max_wal_senders', 'max_prepared_transactions']::pg_catalog.text[]) g;
     FOR p IN SELECT pp.partition, c.relname, pp.range_start, pp.range_end
                FROM idempotency.partitions pp
                JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pp.partition
               WHERE NOT pp.is_default
               ORDER BY pp.range_start
     LOOP
+        EXIT WHEN (SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks l
+                    WHERE l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
+                  OPERATOR(pg_catalog.+) 40 OPERATOR(pg_catalog.>) budget;
         EXECUTE pg_catalog.format('SELECT EXISTS (SELECT FROM %s)', p.partition) INTO holds;
         CONTINUE WHEN holds;
         BEGIN

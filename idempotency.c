@@ -49,6 +49,7 @@
 #include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/json.h"
 #include "utils/jsonb.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -61,6 +62,9 @@ PG_MODULE_MAGIC;
 #if PG_VERSION_NUM < 160000
 void		_PG_init(void);
 #endif
+
+/* Most headers idem_complete stores with a response (1.2) */
+#define IDEM_MAX_HEADERS		64
 
 /* retry_after of an in_progress claim that has no lease end to count to */
 #define IDEM_RETRY_AFTER_MIN	1
@@ -259,11 +263,12 @@ _PG_init(void)
 /*
  * Return string argument argno, named what ("key", "scope", "token") in
  * errors, after checking it: not NULL, at most IDEM_MAX_KEY_BYTES bytes,
- * and not empty if nonempty.
+ * and not empty if nonempty.  too_long_hint is the hint of the error for
+ * one that is too long: what the caller should pass instead.
  */
 static text *
 idem_check_string(FunctionCallInfo fcinfo, int argno, const char *what,
-				  bool nonempty)
+				  bool nonempty, const char *too_long_hint)
 {
 	text	   *t;
 	size_t		len;
@@ -286,18 +291,24 @@ idem_check_string(FunctionCallInfo fcinfo, int argno, const char *what,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("idempotency %s is too long", what),
 				 errdetail("It has %zu bytes; the limit is %d.",
-						   len, IDEM_MAX_KEY_BYTES)));
+						   len, IDEM_MAX_KEY_BYTES),
+				 errhint("%s", too_long_hint)));
 	return t;
 }
 
 /*
  * Return argument argno, the key (is_key) or the scope, after checking it:
  * not NULL, at most IDEM_MAX_KEY_BYTES bytes, and for the key not empty.
+ * A longer natural key or scope fits once hashed, which the hint says.
  */
 static text *
 idem_check_ident(FunctionCallInfo fcinfo, int argno, bool is_key)
 {
-	return idem_check_string(fcinfo, argno, is_key ? "key" : "scope", is_key);
+	if (is_key)
+		return idem_check_string(fcinfo, argno, "key", true,
+								 "Pass a hash of a longer natural key, such as the hex of its SHA-256 (64 bytes).");
+	return idem_check_string(fcinfo, argno, "scope", false,
+							 "Pass a hash of a longer scope, such as the hex of its SHA-256 (64 bytes).");
 }
 
 /*
@@ -460,10 +471,44 @@ idem_check_optional_string(FunctionCallInfo fcinfo, int argno,
 }
 
 /*
+ * Whether c may appear in an HTTP field name: an RFC 9110 tchar, a letter,
+ * a digit or one of !#$%&'*+-.^_`|~.
+ */
+static inline bool
+idem_is_tchar(unsigned char c)
+{
+	if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		(c >= '0' && c <= '9'))
+		return true;
+	return c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+/*
+ * A header name (len bytes, from a jsonb) as the errors show it: in JSON's
+ * quotes and escapes, so that a CR or LF in it shows as \r or \n and cannot
+ * break the server log's line.  Error paths only.
+ */
+static char *
+idem_header_display(const char *name, int len)
+{
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	escape_json(&buf, pnstrdup(name, len));
+	return buf.data;
+}
+
+/*
  * Check idem_complete's response_headers (1.2) and return them as stored:
- * a JSON object whose values are strings, its names in lower case (ASCII
- * letters only, as HTTP header names are).  Names that differ only in case
- * become one, the last in jsonb's order of keys winning.
+ * a JSON object of at most IDEM_MAX_HEADERS names, each an HTTP field name
+ * (RFC 9110 token) stored in lower case, no two equal once lower-cased, and
+ * string values that hold no CR, LF or NUL (issue 36: a middleware that
+ * copies them back into a response can never be made to send a header the
+ * application did not set).  Anything else is 22023, raised before
+ * anything is locked or written.  (jsonb refuses \u0000 itself, and has
+ * kept only the last of names given twice exactly, before we see them.)
+ * Costs a pass over the headers' bytes and, for the duplicates, at most
+ * IDEM_MAX_HEADERS^2 / 2 comparisons of names of equal length.
  */
 static Jsonb *
 idem_check_headers(Jsonb *jb)
@@ -473,13 +518,23 @@ idem_check_headers(Jsonb *jb)
 	JsonbIteratorToken r;
 	JsonbParseState *state = NULL;
 	JsonbValue *res = NULL;
-	char	   *name = NULL;
+	const char *given[IDEM_MAX_HEADERS];	/* the names as given */
+	char	   *lower[IDEM_MAX_HEADERS];	/* ... and in lower case */
+	int			lens[IDEM_MAX_HEADERS];
+	int			n = 0;
 
 	if (JB_ROOT_IS_SCALAR(jb) || !JB_ROOT_IS_OBJECT(jb))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("response_headers must be a JSON object"),
 				 errhint("Pass an object of header name and string value, such as '{\"Location\": \"/orders/1\"}'.")));
+	if (JB_ROOT_COUNT(jb) > IDEM_MAX_HEADERS)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("too many response headers"),
+				 errdetail("response_headers has %u headers; the limit is %d.",
+						   (unsigned int) JB_ROOT_COUNT(jb), IDEM_MAX_HEADERS),
+				 errhint("Store only the headers a replay needs, such as Location and ETag.")));
 
 	it = JsonbIteratorInit(&jb->root);
 	while ((r = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
@@ -491,12 +546,36 @@ idem_check_headers(Jsonb *jb)
 				break;
 			case WJB_KEY:
 				{
+					const char *name = v.val.string.val;
+					int			len = v.val.string.len;
+					char	   *low = palloc(len + 1);
 					int			i;
 
-					name = pnstrdup(v.val.string.val, v.val.string.len);
-					for (i = 0; i < v.val.string.len; i++)
-						name[i] = pg_ascii_tolower((unsigned char) name[i]);
-					v.val.string.val = name;
+					for (i = 0; i < len && idem_is_tchar((unsigned char) name[i]); i++)
+						low[i] = pg_ascii_tolower((unsigned char) name[i]);
+					low[i] = '\0';
+					if (len == 0 || i < len)
+						ereport(ERROR,
+								(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+								 errmsg("invalid response header name"),
+								 errdetail("Header name %s is not an HTTP field name.",
+										   idem_header_display(name, len)),
+								 errhint("A header name is one or more letters, digits or characters of !#$%%&'*+-.^_`|~ (an RFC 9110 token).")));
+					for (i = 0; i < n; i++)
+						if (lens[i] == len && memcmp(lower[i], low, len) == 0)
+							ereport(ERROR,
+									(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+									 errmsg("duplicate response header name"),
+									 errdetail("Header names %s and %s are the same name in lower case.",
+											   idem_header_display(given[i], len),
+											   idem_header_display(name, len)),
+									 errhint("Store each header once.")));
+					Assert(n < IDEM_MAX_HEADERS);
+					given[n] = name;
+					lower[n] = low;
+					lens[n] = len;
+					n++;
+					v.val.string.val = low;
 					res = pushJsonbValue(&state, r, &v);
 					break;
 				}
@@ -505,8 +584,22 @@ idem_check_headers(Jsonb *jb)
 					ereport(ERROR,
 							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 							 errmsg("value of response header \"%s\" is not a string",
-									name ? name : ""),
+									n > 0 ? lower[n - 1] : ""),
 							 errhint("Store every header value as a JSON string.")));
+				for (int i = 0; i < v.val.string.len; i++)
+				{
+					char		c = v.val.string.val[i];
+
+					if (c == '\r' || c == '\n' || c == '\0')
+						ereport(ERROR,
+								(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+								 errmsg("invalid response header value"),
+								 errdetail("The value of header %s holds a %s.",
+										   idem_header_display(given[n - 1], lens[n - 1]),
+										   c == '\r' ? "carriage return (CR)" :
+										   c == '\n' ? "line feed (LF)" : "NUL byte"),
+								 errhint("A header value is one line of text: remove its CR, LF and NUL characters.")));
+				}
 				res = pushJsonbValue(&state, r, &v);
 				break;
 			case WJB_END_OBJECT:
@@ -1405,6 +1498,12 @@ idem_extend_1_2(PG_FUNCTION_ARGS)
  * heartbeat.  The errors are idem_extend's (a claim that is not the
  * record's: 55000, checked before the completed case; no live processing
  * record: P0002).
+ *
+ * Unlike idem_extend's, the claim is required (issue 36): a checkpoint made
+ * without it could overwrite the current holder's, and the next takeover
+ * would then be told a step that holder never got to, or not told one it
+ * did.  The SQL keeps its DEFAULT NULL (the 1.2 signature), so NULL is
+ * refused here, with 22004 as for the other required arguments.
  */
 Datum
 idem_checkpoint(PG_FUNCTION_ARGS)
@@ -1412,7 +1511,6 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	text	   *key;
 	text	   *scope;
 	pg_uuid_t	claim;
-	bool		check_claim;
 	text	   *phase;
 	IdemKeyRead kr;
 	IdemRecord *rec = &kr.rec;
@@ -1422,7 +1520,12 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	idem_check_nargs(fcinfo, 5);
 	key = idem_check_ident(fcinfo, 0, true);
 	scope = idem_check_ident(fcinfo, 1, false);
-	check_claim = idem_check_claim_arg(fcinfo, 2, &claim);
+	if (!idem_check_claim_arg(fcinfo, 2, &claim))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("checkpoint claim must not be null"),
+				 errdetail("Only the holder of the processing claim records its checkpoint."),
+				 errhint("Pass the claim that idem_acquire returned.")));
 	if (PG_ARGISNULL(3))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -1444,7 +1547,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 
 	parent = idem_records_open();
 	idem_require_1_2();
-	idem_lock_processing(&kr, parent, scope, key, check_claim, &claim,
+	idem_lock_processing(&kr, parent, scope, key, true, &claim,
 						 "Only a processing claim records checkpoints.");
 
 	idem_records_checkpoint(parent, rec, &kr.key, phase,
@@ -1684,7 +1787,8 @@ idem_token_consume(PG_FUNCTION_ARGS)
 	Relation	parent;
 	bool		result;
 
-	token = idem_check_string(fcinfo, 0, "token", true);
+	token = idem_check_string(fcinfo, 0, "token", true,
+							  "Pass a token as idem_token_issue returned it.");
 	scope = idem_check_ident(fcinfo, 1, false);
 	PreventCommandDuringRecovery("idem_token_consume()");
 

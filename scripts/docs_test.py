@@ -5,11 +5,14 @@ Run by scripts/docs_test.sh, against the throwaway cluster it started for
 this file (PGHOST, PGPORT, IDEM_PGDATA, IDEM_SERVER_LOG, PG_BINDIR, REPO_ROOT
 in the environment).  The convention is in docs/testing.md:
 
-  ```sql      psql, as the postgres role; psql variables (\\gset) and the
-              database (\\c) carry over to the next sql block of the file
+  ```sql      psql, as the postgres role, from / (never the clone, which it
+              may not enter: a clone under /root, say); psql variables
+              (\\gset) and the database (\\c) carry over to the next sql
+              block of the file
   ```sh       bash -e, as root, in the repository root; variables with
   ```bash     lower-case names carry over to the next shell block; a server
-              started with & runs until the end of the file
+              started with & runs until the end of the file; `systemctl
+              restart postgresql` restarts the file's cluster
   ```ini      postgresql.conf lines: appended to the cluster's file, then
               the server is restarted and must come up
   ```text     right after a sql or shell block (blank lines between at
@@ -18,6 +21,10 @@ in the environment).  The convention is in docs/testing.md:
 
   <!-- docs-test: skip -->   on the line just before a block: not run
                              (the text must say so too)
+  <!-- docs-test: from 1.1 -->  on the line just before a block: first
+                             put release 1.1 in place, as on a server that
+                             runs it (from_release); the block then
+                             installs the new files
 
 Any other language (yaml, go, promql, ...) is not run.  A block fails when
 it exits non-zero, prints "ERROR:" that its expected output does not show,
@@ -40,7 +47,7 @@ import tempfile
 import time
 
 RUN = {"sql", "sh", "bash", "ini"}
-MARK = re.compile(r"^\s*<!--\s*docs-test:\s*(\S+)\s*-->\s*$")
+MARK = re.compile(r"^\s*<!--\s*docs-test:\s*(skip|from \S+|\S+)\s*-->\s*$")
 FENCE = re.compile(r"^(\s*)```\s*([A-Za-z0-9_+-]*)\s*$")
 
 
@@ -69,7 +76,7 @@ def parse(path):
             mm = MARK.match(lines[start - 1])
             if mm:
                 mark = mm.group(1)
-                if mark != "skip":
+                if mark != "skip" and not mark.startswith("from "):
                     raise SystemExit(f"{path}:{start}: unknown docs-test marker {mark!r}")
         text = "\n".join(body) + "\n"
         if lang == "text" and blocks and blocks[-1][1] in RUN and blocks[-1][4] is None:
@@ -99,24 +106,30 @@ ENV = dict(os.environ)
 ENV["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PG_BINDIR = ENV.get("PG_BINDIR", "")
 REPO = ENV.get("REPO_ROOT") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TMP = STATE = None
+TMP = STATE = SH_ENV = None
 psql_vars = {}
 psql_db = [ENV.get("PGDATABASE", "postgres")]
 groups = []
 
 
-def as_postgres(cmd):
-    return cmd if os.geteuid() != 0 else ["runuser", "-u", "postgres", "--"] + cmd
+def run_as_postgres(cmd, **kw):
+    """subprocess.run of cmd as the postgres OS user, from "/": never from
+    the clone, which may be in a folder postgres cannot enter (a clone in
+    /root), where PostgreSQL's programs print "could not change directory
+    to ..." into the block's output"""
+    if os.geteuid() == 0:
+        cmd = ["runuser", "-u", "postgres", "--"] + cmd
+    return subprocess.run(cmd, cwd="/", **kw)
 
 
 def run_sql(text):
     script = "".join(f"\\set {k} '{v}'\n" for k, v in psql_vars.items())
     marker = "--docs-test-variables--"
     script += text + f"\n\\echo {marker}\n\\echo :DBNAME\n\\set\n"
-    p = subprocess.run(as_postgres(["stdbuf", "-o0", "-e0", os.path.join(PG_BINDIR, "psql"),
-                                    "-X", "-q", "-P", "pager=off", "-d", psql_db[0]]),
-                       input=script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, cwd=REPO, env=ENV, timeout=300)
+    p = run_as_postgres(["stdbuf", "-o0", "-e0", os.path.join(PG_BINDIR, "psql"),
+                         "-X", "-q", "-P", "pager=off", "-d", psql_db[0]],
+                        input=script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True, env=ENV, timeout=300)
     out, _, tail = p.stdout.partition(marker + "\n")
     if tail:
         rest = tail.split("\n")
@@ -137,7 +150,7 @@ def run_sh(text):
     log = os.path.join(TMP, "shell-%d.out" % len(groups))
     with open(log, "w") as f:
         p = subprocess.Popen(["bash", "-c", script], stdout=f, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, cwd=REPO, env=ENV, start_new_session=True)
+                             stdin=subprocess.DEVNULL, cwd=REPO, env=SH_ENV, start_new_session=True)
     groups.append(p.pid)
     try:
         p.wait(timeout=300)
@@ -155,11 +168,16 @@ def run_ini(text):
     conf = os.path.join(ENV["IDEM_PGDATA"], "postgresql.conf")
     with open(conf, "a", encoding="utf-8") as f:
         f.write("\n# docs-test block\n" + text)
+    return restart()
+
+
+def restart():
+    """restart the file's cluster; (0, "") or (exit status, what went wrong)"""
     env = {k: v for k, v in ENV.items() if not k.startswith("PG")}
-    p = subprocess.run(as_postgres([os.path.join(PG_BINDIR, "pg_ctl"), "restart", "-w", "-t", "60",
-                                    "-D", ENV["IDEM_PGDATA"], "-l", ENV["IDEM_SERVER_LOG"],
-                                    "-o", "-p " + ENV["PGPORT"]]),
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/", env=env)
+    p = run_as_postgres([os.path.join(PG_BINDIR, "pg_ctl"), "restart", "-w", "-t", "60",
+                         "-D", ENV["IDEM_PGDATA"], "-l", ENV["IDEM_SERVER_LOG"],
+                         "-o", "-p " + ENV["PGPORT"]],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     out = p.stdout
     if p.returncode != 0:
         try:
@@ -169,6 +187,79 @@ def run_ini(text):
             pass
         return p.returncode, out
     return 0, ""
+
+
+def psql_as_postgres(db, sql):
+    """(exit status, output) of sql in database db, stopping at an error"""
+    p = run_as_postgres([os.path.join(PG_BINDIR, "psql"), "-X", "-q", "-A", "-t",
+                         "-v", "ON_ERROR_STOP=1", "-d", db],
+                        input=sql, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True, env=ENV, timeout=300)
+    return p.returncode, p.stdout
+
+
+def from_release(version):
+    """Put release `version` in place before a block marked
+    <!-- docs-test: from VERSION -->, as on a server that runs it with the
+    library preloaded: the extension dropped in every database that has
+    it, this tree's idempotency files replaced by that release's (built by
+    docs_test.sh in IDEM_DOCS_OLD_SRC), the server restarted, the
+    extension created again in those databases, at that version.  The
+    block then installs the new files over the running server.
+    (0, "") or (1, what went wrong); scripts/docs_test.sh installs this
+    tree's files again after the file."""
+    old = ENV.get("IDEM_DOCS_OLD_SRC", "")
+    control = os.path.join(old, "idempotency.control")
+    if not old or not os.path.isfile(control):
+        return 1, f"no build of release {version} (IDEM_DOCS_OLD_SRC; docs_test.sh makes it from git)"
+    m = re.search(r"^default_version\s*=\s*'([^']*)'", open(control).read(), re.M)
+    if not m or m.group(1) != version:
+        return 1, f"{control} is not release {version}"
+    rc, out = psql_as_postgres("postgres", "SELECT datname FROM pg_database WHERE datallowconn")
+    if rc != 0:
+        return rc, out
+    dbs = [d for d in out.split() if psql_as_postgres(
+        d, "SELECT 1 FROM pg_extension WHERE extname = 'idempotency'")[1].strip() == "1"]
+    for d in dbs:
+        rc, out = psql_as_postgres(d, "DROP EXTENSION idempotency")
+        if rc != 0:
+            return rc, f"DROP EXTENSION in {d}: {out}"
+    pg_config = ENV["PG_CONFIG"]
+    ext = os.path.join(subprocess.run([pg_config, "--sharedir"], stdout=subprocess.PIPE,
+                                      text=True, check=True).stdout.strip(), "extension")
+    for f in os.listdir(ext):
+        if f == "idempotency.control" or f.startswith("idempotency--"):
+            os.remove(os.path.join(ext, f))
+    p = subprocess.run(["make", "-s", "-C", old, "install", "PG_CONFIG=" + pg_config],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    if p.returncode != 0:
+        return p.returncode, "make install of release " + version + ":\n" + p.stdout
+    rc, out = restart()
+    if rc != 0:
+        return rc, out
+    for d in dbs:
+        rc, out = psql_as_postgres(d, "CREATE EXTENSION idempotency;\n"
+                                   "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")
+        if rc != 0 or out.strip() != version:
+            return rc or 1, f"CREATE EXTENSION in {d} at {version}: {out}"
+    return 0, ""
+
+
+# A Debian server restarts with `systemctl restart postgresql`: in a shell
+# block, that restarts the file's cluster (as run_ini does), quietly.  Any
+# other systemctl call fails: the machine's own services are not the docs
+# test's to touch.
+SYSTEMCTL = """#!/bin/sh
+# scripts/docs_test.py: `systemctl restart postgresql` restarts the file's cluster
+case "$*" in
+"restart postgresql" | "restart postgresql@"*)
+\tcd / && exec env -u PGHOST -u PGPORT -u PGUSER -u PGDATABASE runuser -u postgres -- \\
+\t\t"$PG_BINDIR/pg_ctl" restart -s -w -t 60 -D "$IDEM_PGDATA" -l "$IDEM_SERVER_LOG" -o "-p $PGPORT"
+\t;;
+esac
+echo "systemctl $*: in the docs test only 'systemctl restart postgresql' runs" >&2
+exit 1
+"""
 
 
 LINK = re.compile(r"\[[^\]]*\]\(([^()\s]+)\)")
@@ -229,8 +320,19 @@ def check_links(path):
     return broken
 
 
+def verdict(rc, out, expected):
+    """why a block that exited rc and printed out failed, or None"""
+    if rc != 0:
+        return f"exit {rc}"
+    if "ERROR:" in out and not (expected and "ERROR:" in expected):
+        return "an ERROR"
+    if expected is not None and not matches(expected, out):
+        return "output differs from the text"
+    return None
+
+
 def main():
-    global TMP, STATE
+    global TMP, STATE, SH_ENV
     if sys.argv[1] == "--links":
         broken = [b for f in sys.argv[2:] for b in check_links(f)]
         print("\n".join(broken) if broken else "links ok: " + " ".join(sys.argv[2:]))
@@ -239,6 +341,11 @@ def main():
     os.chmod(TMP, 0o755)
     STATE = os.path.join(TMP, "shell-state")
     open(STATE, "w").close()
+    os.mkdir(os.path.join(TMP, "bin"), 0o755)
+    with open(os.path.join(TMP, "bin", "systemctl"), "w") as f:
+        f.write(SYSTEMCTL)
+    os.chmod(os.path.join(TMP, "bin", "systemctl"), 0o755)
+    SH_ENV = dict(ENV, PATH=os.path.join(TMP, "bin") + ":" + ENV["PATH"])
     path = sys.argv[1]
     name = "docs (" + os.path.relpath(path, REPO) + ")"
     blocks = parse(path)
@@ -252,19 +359,19 @@ def main():
             continue
         total += 1
         t0 = time.monotonic()
-        if lang == "sql":
-            rc, out = run_sql(text)
-        elif lang == "ini":
-            rc, out = run_ini(text)
-        else:
-            rc, out = run_sh(text)
-        why = None
-        if rc != 0:
-            why = f"exit {rc}"
-        elif "ERROR:" in out and not (expected and "ERROR:" in expected):
-            why = "an ERROR"
-        elif expected is not None and not matches(expected, out):
-            why = "output differs from the text"
+        why, out = None, ""
+        if mark and mark.startswith("from "):
+            rc, out = from_release(mark.split()[1])
+            if rc != 0:
+                why = f"{mark}: could not put that release in place"
+        if why is None:
+            if lang == "sql":
+                rc, out = run_sql(text)
+            elif lang == "ini":
+                rc, out = run_ini(text)
+            else:
+                rc, out = run_sh(text)
+            why = verdict(rc, out, expected)
         secs = time.monotonic() - t0
         if why:
             print(f"FAILED {where}: {why} ({secs:.1f}s)")

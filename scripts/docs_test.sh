@@ -14,17 +14,84 @@
 # Prints one line per block and, last, "docs (examples): N of M tests
 # passed." over all files; exits 1 if a block failed.
 #
+# A block marked <!-- docs-test: from 1.1 --> starts from release 1.1, as
+# on a server that runs it (docs/testing.md): the release is built from
+# $IDEM_DOCS_OLD_SRC (a built tree; scripts/test.sh passes its TAP tests'),
+# else from $IDEM_V11_SRC or git (v11_revision), and this tree's files are
+# installed again after the file.
+#
+# --private-copy runs it all from a copy of the tree in a fresh folder of
+# mode 700 that only root may enter, as a newcomer's clone under /root is:
+# a block, or this test itself, that runs something as postgres in the
+# clone's folder fails there ("could not change directory", issue 36).
+# scripts/test.sh runs the docs that way.
+#
 #   bash scripts/docs_test.sh                 (as root)
 #   bash scripts/docs_test.sh docs/reference.md
+#   bash scripts/docs_test.sh --private-copy [FILE.md...]
 set -euo pipefail
 
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
+# old_release DIR: release 1.1 built in DIR, exported as IDEM_DOCS_OLD_SRC,
+# unless that names a tree of it already: from $IDEM_V11_SRC (a matrix
+# root has no git history) or else the tree of v11_revision (common.sh).
+# Fails where neither can be had.
+old_release() {
+	local dir=$1 rev
+	if [[ -n ${IDEM_DOCS_OLD_SRC:-} && -f $IDEM_DOCS_OLD_SRC/idempotency.so ]]; then
+		return 0
+	fi
+	mkdir -p "$dir"
+	if [[ -n ${IDEM_V11_SRC:-} && -d $IDEM_V11_SRC ]]; then
+		cp -r "$IDEM_V11_SRC/." "$dir"
+	else
+		rev=$(v11_revision) || return 1
+		git -C "$REPO_ROOT" archive "$rev" | tar -x -C "$dir" || return 1
+	fi
+	make -s -C "$dir" PG_CONFIG="$PG_CONFIG" >/dev/null 2>&1 || return 1
+	export IDEM_DOCS_OLD_SRC=$dir
+}
+# the marker of a block that starts from release 1.1
+from_mark='^<!-- docs-test: from 1\.1 -->$'
+
+private_copy=0
+if [[ ${1:-} == --private-copy ]]; then
+	private_copy=1
+	shift
+fi
 cd "$REPO_ROOT"
 if (($# == 0)); then
 	set -- README.md docs/*.md proxy/README.md examples/*/README.md
 fi
+
+if ((private_copy)); then
+	((EUID == 0)) || die "--private-copy needs root (a folder the postgres user may not enter)"
+	private=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-docs.XXXXXX")
+	trap 'rm -rf "$private"' EXIT
+	[[ $(stat -c '%a %U' "$private") == '700 root' ]] || die "$private is not root's with mode 700"
+	# The build products come along (a block's `make` has nothing to do);
+	# the logs of earlier runs and the test folders do not.
+	mkdir "$private/idempotency"
+	tar -C "$REPO_ROOT" --exclude=./.git --exclude=./results --exclude=./output_iso \
+		--exclude=./tmp_check --exclude=./tmp_check_iso --exclude=./log \
+		--exclude=./bench/results -cf - . | tar -C "$private/idempotency" -xf -
+	# release 1.1 from this clone's history, which the copy has not
+	if grep -qs "$from_mark" "$@"; then
+		old_release "$private/v11" || log "release 1.1 could not be built: its blocks fail"
+	fi
+	log "the docs from a copy in $private (mode 700, root's)"
+	rc=0
+	bash "$private/idempotency/scripts/docs_test.sh" "$@" || rc=$?
+	# the server logs that stop_cluster kept of failed files
+	if [[ -d $private/idempotency/log ]]; then
+		mkdir -p "$REPO_ROOT/log"
+		cp -r "$private/idempotency/log/." "$REPO_ROOT/log/"
+	fi
+	exit "$rc"
+fi
+
 name="docs (examples)"
 runner=$REPO_ROOT/scripts/docs_test.py
 sockdir=/var/run/postgresql
@@ -38,6 +105,11 @@ for f in "$@"; do
 	# no cluster for a file with nothing to run
 	grep -Eq '^[[:space:]]*```(sql|sh|bash|ini)[[:space:]]*$' "$f" || continue
 	IDEM_QUIET=1 start_cluster >/dev/null
+	from_old=0
+	if grep -q "$from_mark" "$f"; then
+		from_old=1
+		old_release "$IDEM_TMPDIR/v11" || log "release 1.1 could not be built: the blocks of $f that start from it fail"
+	fi
 	if [[ ! -d $sockdir ]]; then
 		install -d -o postgres -g postgres -m 2775 "$sockdir"
 	fi
@@ -69,6 +141,10 @@ for f in "$@"; do
 	fi
 	((rc == 0)) || status=1
 	stop_cluster "$rc"
+	# this tree's files again, whatever the blocks left
+	if ((from_old)); then
+		IDEM_QUIET=1 run_step "make install" make -C "$REPO_ROOT" PG_CONFIG="$PG_CONFIG" install
+	fi
 done
 
 # The grants the tests give (sql/include) are the ones docs/reference.md

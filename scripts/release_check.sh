@@ -117,7 +117,7 @@ debian_upstream() {
 		sed -E 's/^[0-9]+://; s/-[^-]+$//'
 }
 # debian_matches VERSION: debian/changelog packages VERSION (META.json's),
-# with ~dev allowed until that version's full install script is released
+# with ~dev allowed until a script that ends at that version is released
 debian_matches() {
 	local want=$1 got
 	got=$(debian_upstream)
@@ -131,6 +131,29 @@ debian_matches() {
 	return 1
 }
 check "debian/changelog's upstream version = META.json's" debian_matches "$(meta_version '')"
+
+# The PGXN zip (scripts/dist.sh, from git archive of HEAD) holds what a
+# build and install need: the Makefiles, the control files, every shipped
+# script, the C sources and META.json with the files it names.  Only in a
+# git checkout (a matrix root has a copy of the tree without history).
+zip_complete() {
+	local tmp zip ok=0 f want
+	tmp=$(mktemp -d)
+	zip=$(IDEM_DIST_DIR=$tmp bash scripts/dist.sh HEAD) || { rm -rf "$tmp"; return 1; }
+	want="Makefile proxy/Makefile META.json idempotency.control proxy/idempotency_proxy.control"
+	want+=" $(data_of Makefile) $(for f in $(data_of proxy/Makefile); do echo "proxy/$f"; done)"
+	want+=" $(git ls-files '*.c' '*.h' | tr '\n' ' ')"
+	want+=" $(python3 -c 'import json; print(" ".join(p["file"] for p in json.load(open("META.json"))["provides"].values()))')"
+	for f in $want; do
+		python3 -c 'import sys, zipfile; sys.exit(sys.argv[2] not in zipfile.ZipFile(sys.argv[1]).namelist())' \
+			"$zip" "$(basename "$zip" .zip)/$f" || { echo "  $(basename "$zip") lacks $f"; ok=1; }
+	done
+	rm -rf "$tmp"
+	return $ok
+}
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+	check "the PGXN zip of HEAD holds the sources and scripts" zip_complete
+fi
 
 echo "release checks: $passed of $total tests passed."
 ((passed == total))

@@ -10,17 +10,18 @@
 --
 SET idempotency.wait_timeout = 0;
 
--- Checkpoints: a new key has none; the holder records one; it is not a
--- heartbeat (locked_until unchanged); lookup shows it.
+-- Checkpoints: a new key has none; the holder records one with its claim;
+-- it is not a heartbeat (locked_until unchanged); lookup shows it.
 SELECT outcome, attempt, phase, state, response_headers, origin_trace
   FROM idempotency.idem_acquire('v-pay', '{"amount": 10}', lease => '1 hour', trace => 'tp-first');
+SELECT claim AS vpay_claim FROM idempotency.records WHERE key = 'v-pay' \gset
 SELECT locked_until AS lease_end FROM idempotency.idem_lookup('v-pay') \gset
-SELECT idempotency.idem_checkpoint('v-pay', phase => 'charged', state => '{"charge": "ch_1"}') = :'lease_end'::timestamptz AS lease_unchanged;
+SELECT idempotency.idem_checkpoint('v-pay', claim => :'vpay_claim', phase => 'charged', state => '{"charge": "ch_1"}') = :'lease_end'::timestamptz AS lease_unchanged;
 SELECT status, phase, state, origin_trace FROM idempotency.idem_lookup('v-pay');
 
 -- In the caller's transaction: rolled back with it, kept when it commits.
 BEGIN;
-SELECT idempotency.idem_checkpoint('v-pay', phase => 'refunded', state => '{"refund": "re_1"}') IS NOT NULL AS checkpointed;
+SELECT idempotency.idem_checkpoint('v-pay', claim => :'vpay_claim', phase => 'refunded', state => '{"refund": "re_1"}') IS NOT NULL AS checkpointed;
 SELECT phase FROM idempotency.idem_lookup('v-pay');
 ROLLBACK;
 SELECT phase, state FROM idempotency.idem_lookup('v-pay');
@@ -31,6 +32,15 @@ SELECT idempotency.idem_checkpoint('v-own', '', :'pay_claim', 'step-1') IS NOT N
 SELECT public.records_fingerprint() AS before \gset
 SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', '', gen_random_uuid(), 'step-2')$$) AS other_claim;
 
+-- The claim is required (issue 36): without one (NULL, the default) 22004,
+-- and the holder's checkpoint stays as it was, so that the next takeover
+-- is not told a step that was not the holder's.
+SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', '', NULL, 'started')$$) AS null_claim,
+       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', phase => 'started', state => '{}')$$) AS no_claim;
+SELECT idempotency.idem_checkpoint('v-own', phase => 'started');
+SELECT public.records_fingerprint() = :'before' AS nothing_written;
+SELECT status, phase, state FROM idempotency.idem_lookup('v-own');
+
 -- Duplicates see no checkpoint: in_progress, mismatch (and a replay below).
 SELECT outcome, phase, state, origin_trace FROM idempotency.idem_acquire('v-pay', '{"amount": 10}', trace => 'tp-dup');
 SELECT outcome, phase, state, origin_trace FROM idempotency.idem_acquire('v-pay', '{"amount": 99}', trace => 'tp-other');
@@ -38,7 +48,8 @@ SELECT outcome, phase, state, origin_trace FROM idempotency.idem_acquire('v-pay'
 -- A takeover answers the last checkpoint, stores its own trace, and keeps
 -- the checkpoint for the takeover after it (which answers it again).
 SELECT outcome FROM idempotency.idem_acquire('v-resume', '{"amount": 5}', lease => '1 millisecond', trace => 'tp-a');
-SELECT idempotency.idem_checkpoint('v-resume', phase => 'charged', state => '{"charge": "ch_9"}') IS NOT NULL AS checkpointed;
+SELECT claim AS resume_claim FROM idempotency.records WHERE key = 'v-resume' \gset
+SELECT idempotency.idem_checkpoint('v-resume', claim => :'resume_claim', phase => 'charged', state => '{"charge": "ch_9"}') IS NOT NULL AS checkpointed;
 SELECT pg_sleep(0.01);
 SELECT * FROM idempotency.stale_claims WHERE key = 'v-resume' AND false;
 SELECT key, attempt, reason, origin_trace FROM idempotency.stale_claims WHERE key = 'v-resume';
@@ -58,22 +69,23 @@ SELECT outcome, attempt, phase, state FROM idempotency.idem_acquire('v-plain');
 SELECT idempotency.idem_complete('v-resume', 201, '{"id": 9}');
 SELECT status, phase, state FROM idempotency.idem_lookup('v-resume');
 SELECT public.records_fingerprint() AS before \gset
-SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-resume', phase => 'again')$$) AS completed;
-SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-none', phase => 'x')$$) AS no_record;
+SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-resume',
+    claim => (SELECT claim FROM idempotency.records WHERE key = 'v-resume'), phase => 'again')$$) AS completed;
+SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-none', claim => gen_random_uuid(), phase => 'x')$$) AS no_record;
 
 -- Bad input: NULL key or scope 22004; phase NULL, empty or over 255 bytes
 -- 22023; state over max_response_bytes 54000.  Nothing written.
-SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint(NULL, phase => 'x')$$) AS null_key,
-       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', NULL, phase => 'x')$$) AS null_scope,
-       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own')$$) AS null_phase,
-       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', phase => '')$$) AS empty_phase,
-       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', phase => repeat('p', 256))$$) AS long_phase;
+SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint(NULL, claim => gen_random_uuid(), phase => 'x')$$) AS null_key,
+       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', NULL, gen_random_uuid(), phase => 'x')$$) AS null_scope,
+       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', claim => gen_random_uuid())$$) AS null_phase,
+       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', claim => gen_random_uuid(), phase => '')$$) AS empty_phase,
+       public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', claim => gen_random_uuid(), phase => repeat('p', 256))$$) AS long_phase;
 SET idempotency.max_response_bytes = 100;
-SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', phase => 'x',
+SELECT public.sqlstate_of($$SELECT idempotency.idem_checkpoint('v-own', claim => gen_random_uuid(), phase => 'x',
     state => pg_catalog.jsonb_build_object('s', repeat('x', 200)))$$) AS large_state;
 RESET idempotency.max_response_bytes;
 SELECT public.records_fingerprint() = :'before' AS nothing_written;
-SELECT idempotency.idem_checkpoint('v-own', phase => repeat('p', 255)) IS NOT NULL AS phase_255;
+SELECT idempotency.idem_checkpoint('v-own', claim => :'pay_claim', phase => repeat('p', 255)) IS NOT NULL AS phase_255;
 SELECT phase = repeat('p', 255) AS phase_255_stored, state FROM idempotency.idem_lookup('v-own');
 
 -- Replayed headers: stored with names in lower case, replayed with replay
@@ -89,10 +101,19 @@ SELECT response_headers FROM idempotency.idem_lookup('v-created');
 SELECT outcome FROM idempotency.idem_acquire('v-plain-done');
 SELECT idempotency.idem_complete('v-plain-done', 204);
 SELECT outcome, response_headers, origin_trace FROM idempotency.idem_acquire('v-plain-done');
--- names differing only in case become one
+-- Accepted (issue 36): every character of an RFC 9110 token, names in
+-- mixed case stored in lower case, a value with a tab or empty, and 64
+-- headers.
 SELECT outcome FROM idempotency.idem_acquire('v-case');
-SELECT idempotency.idem_complete('v-case', 200, response_headers => '{"ETag": "a", "etag": "b"}');
-SELECT pg_catalog.jsonb_object_keys(response_headers) AS names FROM idempotency.idem_lookup('v-case');
+SELECT idempotency.idem_complete('v-case', 200, response_headers =>
+    '{"X-Az09!#$%&''*+-.^_`|~": "v", "Content-TYPE": "text/plain;\tcharset=utf-8", "x-EMPTY": ""}');
+SELECT response_headers FROM idempotency.idem_lookup('v-case');
+SELECT outcome FROM idempotency.idem_acquire('v-64-headers');
+SELECT idempotency.idem_complete('v-64-headers', 200, response_headers =>
+    (SELECT pg_catalog.jsonb_object_agg('X-Header-' || i, 'value ' || i) FROM pg_catalog.generate_series(1, 64) i));
+SELECT pg_catalog.count(*) AS stored, pg_catalog.bool_and(name = pg_catalog.lower(name)) AS lower_case
+  FROM idempotency.idem_lookup('v-64-headers'), pg_catalog.jsonb_object_keys(response_headers) name;
+SELECT outcome, pg_catalog.jsonb_typeof(response_headers) AS replayed FROM idempotency.idem_acquire('v-64-headers');
 
 -- Bad headers: not an object, a value that is not a string 22023; with the
 -- body over max_response_bytes 54000.  Nothing written.
@@ -109,6 +130,40 @@ SELECT public.sqlstate_of($$SELECT idempotency.idem_complete('v-bad-headers', 20
 SELECT public.sqlstate_of($$SELECT idempotency.idem_complete('v-bad-headers', 200, '{"body": "0123456789012345678901234567890123456789"}')$$) AS body_alone_fits;
 RESET idempotency.max_response_bytes;
 SELECT status FROM idempotency.idem_lookup('v-bad-headers');
+
+-- Header injection (issue 36): a name that is not an HTTP field name (an
+-- RFC 9110 token: empty, with a space, a colon, a CR or LF, a slash, a
+-- non-ASCII letter), two names equal after lower-casing, a value with a
+-- CR or LF, more than 64 headers: 22023, nothing stored, the claim still
+-- processing.  (A NUL never gets this far: jsonb refuses \u0000, 22P05.)
+SELECT outcome FROM idempotency.idem_acquire('v-inject');
+SELECT public.records_fingerprint() AS before \gset
+SELECT public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"": "x"}')$$) AS empty_name,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"X Header": "x"}')$$) AS space_in_name,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"Location:": "/a"}')$$) AS colon_in_name,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"X-A\r\nSet-Cookie": "s=1"}')$$) AS crlf_in_name,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"X/Y": "x"}')$$) AS slash_in_name,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"Ünicode": "x"}')$$) AS non_ascii_name;
+SELECT public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"Location": "/a\rSet-Cookie: s=1"}')$$) AS cr_in_value,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"Location": "/a\nSet-Cookie: s=1"}')$$) AS lf_in_value,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"Location": "/a\r\n"}')$$) AS crlf_at_end,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"X": "a\u0000b"}')$$) AS nul_in_value;
+SELECT public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"ETag": "\"a\"", "etag": "\"b\""}')$$) AS etag_twice,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"A": "1", "B": "2", "Z": "3", "b": "4"}')$$) AS b_twice,
+       public.sqlstate_of($$SELECT idempotency.idem_complete('v-inject', 200, response_headers =>
+           (SELECT pg_catalog.jsonb_object_agg('X-Header-' || i, 'value ' || i) FROM pg_catalog.generate_series(1, 65) i))$$) AS headers_65;
+-- what each says
+SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"Location": "/a", "X Header": "x"}');
+SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"Location": "/a\r\nSet-Cookie: s=1"}');
+SELECT idempotency.idem_complete('v-inject', 200, response_headers => '{"ETag": "\"a\"", "etag": "\"b\""}');
+SELECT idempotency.idem_complete('v-inject', 200, response_headers =>
+    (SELECT pg_catalog.jsonb_object_agg('X-Header-' || i, 'value ' || i) FROM pg_catalog.generate_series(1, 65) i));
+SELECT public.records_fingerprint() = :'before' AS nothing_written;
+SELECT status, response_status, response_headers FROM idempotency.idem_lookup('v-inject');
+
+-- A key or scope over 255 bytes: 22023, with a hint that says what to do.
+SELECT outcome FROM idempotency.idem_acquire(repeat('k', 256));
+SELECT outcome FROM idempotency.idem_acquire('v-long-scope', scope => repeat('s', 256));
 
 -- Traces: over 255 bytes 22023, nothing written; exactly 255 stored.
 SELECT public.records_fingerprint() AS before \gset
@@ -167,8 +222,8 @@ SELECT outcome FROM idempotency.idem_acquire('v-op', '{"a": 1}');
 SELECT idempotency.idem_complete('v-op', 200);
 SET ROLE regress_idem_v12_app;
 SELECT public.sqlstate_of($$SELECT idempotency.idem_forget('v-op')$$) AS app_forget;
-SELECT outcome, claim IS NOT NULL AS has_claim FROM idempotency.idem_acquire('v-app', lease => '1 hour', trace => 'tp-app');
-SELECT idempotency.idem_checkpoint('v-app', phase => 'step') IS NOT NULL AS app_checkpoint;
+SELECT claim AS app_claim FROM idempotency.idem_acquire('v-app', lease => '1 hour', trace => 'tp-app') \gset
+SELECT idempotency.idem_checkpoint('v-app', claim => :'app_claim', phase => 'step') IS NOT NULL AS app_checkpoint;
 SELECT idempotency.idem_complete('v-app', 201, response_headers => '{"Location": "/a"}');
 SELECT outcome, response_headers, origin_trace FROM idempotency.idem_acquire('v-app');
 SET ROLE regress_idem_operator;

@@ -216,7 +216,8 @@ is( $node->safe_psql(
 SET ROLE idem_app;
 SELECT a.outcome FROM idempotency.idem_acquire('up-app', lease => '1 minute', trace => 'tp-app') a;
 SELECT idempotency.idem_extend('up-app') IS NOT NULL;
-SELECT idempotency.idem_checkpoint('up-app', phase => 'step-1') IS NOT NULL;
+SELECT idempotency.idem_checkpoint('up-app', claim => (SELECT claim FROM idempotency.records WHERE key = 'up-app'),
+                                   phase => 'step-1') IS NOT NULL;
 SELECT idempotency.idem_complete('up-app', 200,
            claim => (SELECT claim FROM idempotency.records WHERE key = 'up-app'),
            response_headers => '{"ETag": "x"}');
@@ -268,7 +269,8 @@ like($dump{up}, qr/GRANT ALL ON FUNCTION idempotency\.idem_checkpoint\(.*\) TO i
 my $holder = $node->background_psql('up');
 $holder->query_safe(q{SET idempotency.max_ttl = '30d';
 SELECT outcome FROM idempotency.idem_acquire('up-moved', ttl => '12 days', session_bound => true, trace => 'tp-moved');
-SELECT idempotency.idem_checkpoint('up-moved', phase => 'half', state => '{"n": 1}') IS NOT NULL});
+SELECT idempotency.idem_checkpoint('up-moved', claim => (SELECT claim FROM idempotency.records WHERE key = 'up-moved'),
+                                   phase => 'half', state => '{"n": 1}') IS NOT NULL});
 my $cols = q{SELECT tableoid::regclass, claim, phase, state, trace, attempt FROM idempotency.records WHERE key = 'up-moved'};
 my $before_move = $node->safe_psql('up', $cols);
 like($before_move, qr/^idempotency\.records_default\|[0-9a-f-]{36}\|half\|\{"n": 1\}\|tp-moved\|1$/,

@@ -7,7 +7,8 @@
 #     response_headers are replayed (names in lower case); idem_lookup
 #     shows phase, state, response_headers and origin_trace, as the shard
 #     holding the key does;
-#   - a checkpoint (fenced by the claim: 55000 for another) is returned to
+#   - a checkpoint (fenced by the claim: 55000 for another, 22004 with the
+#     shard's hint for none, the holder's left as it was) is returned to
 #     the takeover of an expired lease, with attempt 2;
 #   - idem_forget through the router removes the record on its shard, the
 #     next acquire answers acquired with attempt 1; false for no record;
@@ -89,6 +90,16 @@ is( r(  "SELECT idempotency.idem_checkpoint('k2', 's', '$claim', 'charged', '{\"
 	't', 'a checkpoint returns locked_until, unchanged');
 is(r("SELECT phase, state FROM idempotency.idem_lookup('k2', 's')"),
 	'charged|{"charge": "ch_1"}', 'lookup shows the checkpoint');
+# the claim is required (issue 36): the shard refuses a checkpoint without
+# one, with its hint, and the holder's checkpoint stays
+my ($hint_out, $hint_err);
+($code, $hint_out, $hint_err) = sqlstate_of_psql($router, 'postgres',
+	"SELECT idempotency.idem_checkpoint('k2', 's', phase => 'started')");
+is($code, '22004', 'a checkpoint without a claim: 22004 from the shard');
+like($hint_err, qr/HINT:\s+Remote hint: Pass the claim that idem_acquire returned\./,
+	'with the shard\'s hint, as PL/Proxy passes it on');
+is(r("SELECT phase, state FROM idempotency.idem_lookup('k2', 's')"),
+	'charged|{"charge": "ch_1"}', 'and the holder\'s checkpoint stays');
 $router->poll_query_until('postgres',
 	"SELECT locked_until < clock_timestamp() FROM idempotency.idem_lookup('k2', 's')")
   or die 'the lease of k2 did not expire';
@@ -120,8 +131,8 @@ GRANT EXECUTE ON FUNCTION idempotency.idem_acquire(text, jsonb, text, interval, 
     idempotency.idem_lookup(text, text) TO app;});
 $r11->safe_psql('postgres',
 	"SELECT count(*) FROM idempotency.cluster_create(ARRAY['" . shard_connstr($old) . "'])");
-$old->safe_psql('postgres',
-	"SELECT outcome FROM idempotency.idem_acquire('o1', NULL, 's', lease => '1h')");
+my $o1_claim = $old->safe_psql('postgres',
+	"SELECT claim FROM idempotency.idem_acquire('o1', NULL, 's', lease => '1h')");
 $r11->safe_psql('postgres', "ALTER EXTENSION idempotency_proxy UPDATE TO '1.2'");
 is( $r11->safe_psql('postgres', q{
 SELECT string_agg(f || '=' || has_function_privilege('app', f, 'EXECUTE'), ' ' ORDER BY f)
@@ -142,11 +153,12 @@ is($r11->safe_psql('postgres',
 	'processing|1|t|t', 'lookup over a 1.1 shard: its 1.1 row, the 1.2 columns NULL');
 for my $call (
 	"SELECT idempotency.idem_complete('o1', 200, NULL, 's', response_headers => '{}')",
-	"SELECT idempotency.idem_checkpoint('o1', 's', NULL, 'p', NULL)",
+	"SELECT idempotency.idem_checkpoint('o1', 's', '$o1_claim', 'p', NULL)",
 	"SELECT idempotency.idem_forget('o1', 's')")
 {
 	($code) = sqlstate_of_psql($r11, 'postgres', $call);
-	is($code, '0A000', "over a 1.1 shard: $call raises 0A000");
+	(my $shown = $call) =~ s/'\Q$o1_claim\E'/its claim/;
+	is($code, '0A000', "over a 1.1 shard: $shown raises 0A000");
 }
 is($r11->safe_psql('postgres', "SELECT idempotency.idem_complete('o1', 200, NULL, 's')"),
 	't', 'idem_complete without headers works over a 1.1 shard');

@@ -45,7 +45,9 @@ is(layouts(), '1:true', 'before: one shard at layout 1, in force');
 
 # An open transaction on the old shard holds its layout table (as an
 # in-transaction claim does): the growth's install waits there, after the
-# new shard has the layout.  It is cancelled once the new shard has it.
+# new shard has the layout.  It is cancelled once the new shard has it and
+# the old shard's install is seen waiting for that lock: states, not time
+# (a slow machine may take any time to get there).
 my $hold = $a->background_psql('postgres');
 $hold->query_safe('BEGIN');
 $hold->query_safe('SELECT count(*) FROM idempotency.shard_layout');
@@ -54,12 +56,29 @@ my @hg = run_clients_async($r1,
 ok($c->poll_query_until('postgres',
 		'SELECT EXISTS (SELECT FROM idempotency.shard_layout WHERE version = 2)'),
 	'the new shard has layout 2');
-ok($r1->poll_query_until('postgres',
-		"SELECT pg_cancel_backend(pid) FROM pg_stat_activity
-		  WHERE query LIKE '%cluster_grow%' AND pid <> pg_backend_pid()"),
+# the install (its query, as PL/Proxy sends it) waiting for the lock
+my $install_like = "'SELECT idempotency.shard_layout_install(%'";
+ok($a->poll_query_until('postgres', qq{
+		SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_activity s USING (pid)
+		 WHERE l.relation = 'idempotency.shard_layout'::regclass AND NOT l.granted
+		   AND l.mode = 'AccessExclusiveLock' AND s.query LIKE $install_like)}),
+	'the old shard\'s install waits for the open transaction');
+# The growth's own statement, by how it begins (not this query, nor the
+# last one of a poll connection still ending), while it runs: exactly one.
+ok($r1->poll_query_until('postgres', q{
+		SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+		 WHERE query LIKE 'SELECT count(*) FROM idempotency.cluster_grow(%' AND state = 'active'}),
 	'the growth is cancelled');
 my ($grow) = finish_clients(@hg);
 like($grow->[1], qr/canceling statement/, 'the first growth stopped half way');
+# The router passes its cancel on to the old shard's install.  Should that
+# cancel meet the install's own 20 ms lock_timeout there, the shard takes
+# it for that timeout and tries again: cancel it there until it is gone,
+# so that it can never install layout 2 once the transaction ends.
+ok($a->poll_query_until('postgres', qq{
+		SELECT count(pg_cancel_backend(pid)) = 0 FROM pg_stat_activity
+		 WHERE state = 'active' AND query LIKE $install_like}),
+	'the old shard\'s install has ended');
 $hold->query_safe('COMMIT');
 $hold->quit;
 is(layouts(), '1:true 2:false', 'half way: old shard at layout 1, new shard has 2, not in force');

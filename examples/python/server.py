@@ -115,7 +115,7 @@ class Claim:
         self.key = key
         self.scope = scope
         self.lease = lease
-        self.claim = claim  # lease mode only
+        self.claim = claim  # the claim idem_acquire returned (checkpoints need it)
         self.released = False
         # after a takeover: (phase, state) of the last checkpoint of the
         # claim taken over, or None
@@ -168,7 +168,7 @@ class Claim:
 
     def extend(self):
         """idem_extend: push the lease out while a slow call runs."""
-        if self.claim is None:
+        if not self.lease:
             return
         with self.pool.connection() as conn:
             conn.execute("SELECT idempotency.idem_extend(key => %s, scope => %s, claim => %s::uuid,"
@@ -189,7 +189,7 @@ class Claim:
                     return  # taken over or expired: the completion will be refused
 
         thread = threading.Thread(target=beat, daemon=True)
-        if self.claim is not None:
+        if self.lease:
             thread.start()
         try:
             yield
@@ -296,7 +296,7 @@ class Idempotent:
                            "Send the same request again after %d second(s)." % wait,
                            dict(dup, **{"Retry-After": str(wait)}))
 
-        claim = Claim(self.pool, key, scope, lease, conn=conn, claim=claim_id if lease else None,
+        claim = Claim(self.pool, key, scope, lease, conn=conn, claim=claim_id,
                       resumed=(phase, state) if phase is not None else None)
         try:
             resp = handler(req, claim)
@@ -306,7 +306,7 @@ class Idempotent:
             raise
         except Exception as err:  # noqa: BLE001 -- answered 500, nothing stored
             claim._end(commit=False)
-            if claim.claim is not None and not claim.released and not claim.checkpointed:
+            if lease and not claim.released and not claim.checkpointed:
                 # The outside call may have happened: give the claim up so
                 # that a retry runs again (the provider deduplicates on the key).
                 with contextlib.suppress(psycopg.Error):

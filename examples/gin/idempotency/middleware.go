@@ -157,7 +157,7 @@ type state struct {
 	key    string
 	scope  string
 	lease  time.Duration // 0: one transaction
-	claim  *string       // lease mode: this claim (NULL in one-transaction mode)
+	claim  *string       // the claim idem_acquire returned (checkpoints need it)
 	phase  *string       // after a takeover: the last checkpoint of the claim taken over
 	pstate *string       // ... and its state (jsonb's text)
 
@@ -323,10 +323,10 @@ func (cfg *config) handle(c *gin.Context, pool *pgxpool.Pool) {
 			dbProblem(c, err)
 			return
 		}
-		st.claim = claim
 	} else {
 		st.tx = tx
 	}
+	st.claim = claim
 	c.Set(stateKey, st)
 
 	orig := c.Writer
@@ -355,7 +355,7 @@ func (st *state) finish(c *gin.Context, w *holdWriter) {
 	defer st.mu.Unlock()
 	if len(c.Errors) > 0 {
 		st.rollbackLocked()
-		if st.claim != nil && !st.released && !st.checkpointed {
+		if st.lease > 0 && !st.released && !st.checkpointed {
 			// The outside call may have happened: give the claim up so
 			// that a retry runs again at once (the outside service is
 			// called with the same key and deduplicates it).
@@ -560,7 +560,7 @@ func Extend(c *gin.Context) error {
 // function is called.
 func KeepAlive(c *gin.Context) (stop func()) {
 	st, err := get(c)
-	if err != nil || st.claim == nil {
+	if err != nil || st.lease == 0 {
 		return func() {}
 	}
 	done := make(chan struct{})
@@ -591,7 +591,7 @@ func KeepAlive(c *gin.Context) (stop func()) {
 }
 
 func (st *state) extend() error {
-	if st.claim == nil {
+	if st.lease == 0 {
 		return nil
 	}
 	_, err := st.pool.Exec(st.ctx, `SELECT idempotency.idem_extend(key => $1, scope => $2, claim => $3::uuid,
