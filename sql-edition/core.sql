@@ -509,7 +509,9 @@ GRANT EXECUTE ON FUNCTION idempotency_sql.check_attempt(int) TO PUBLIC;
 --
 -- check_headers(headers): idem_complete's response_headers as stored: a
 -- JSON object of at most 64 names, each an RFC 9110 field name (token),
--- lower-cased, none twice, each value a string without CR, LF or NUL.
+-- lower-cased, none twice, each value a string without CR, LF or NUL
+-- (jsonb holds no NUL), with the C extension's messages, checked in its
+-- order (jsonb's order of keys).
 --
 CREATE FUNCTION idempotency_sql.check_headers(headers jsonb)
 RETURNS jsonb
@@ -518,41 +520,60 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     result  jsonb := '{}';
+    given   jsonb := '{}';      -- lower-case name -> the name as given
     name    text;
     value   jsonb;
-    n       int := 0;
+    low     text;
+    n       int;
 BEGIN
     IF pg_catalog.jsonb_typeof(headers) OPERATOR(pg_catalog.<>) 'object' THEN
         RAISE EXCEPTION 'response_headers must be a JSON object'
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Pass an object of header name and string value, such as ''{"Location": "/orders/1"}''.';
     END IF;
+    SELECT pg_catalog.count(*) INTO n FROM pg_catalog.jsonb_object_keys(headers);
+    IF n OPERATOR(pg_catalog.>) 64 THEN
+        RAISE EXCEPTION 'too many response headers'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('response_headers has %s headers; the limit is 64.', n),
+                  HINT = 'Store only the headers a replay needs, such as Location and ETag.';
+    END IF;
     FOR name, value IN SELECT e.key, e.value FROM pg_catalog.jsonb_each(headers) e LOOP
-        n := n OPERATOR(pg_catalog.+) 1;
-        IF n OPERATOR(pg_catalog.>) 64 THEN
-            RAISE EXCEPTION 'response_headers has more than 64 headers'
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
         IF name OPERATOR(pg_catalog.!~) '^[-!#$%&''*+.^_`|~0-9A-Za-z]+$' THEN
-            RAISE EXCEPTION 'response header name "%" is not an HTTP field name', name
+            RAISE EXCEPTION 'invalid response header name'
                 USING ERRCODE = 'invalid_parameter_value',
-                      HINT = 'A name is one or more letters, digits or the characters !#$%&''*+-.^_`|~ (RFC 9110, token).';
+                      DETAIL = pg_catalog.format('Header name %s is not an HTTP field name.', pg_catalog.to_json(name)),
+                      HINT = 'A header name is one or more letters, digits or characters of !#$%&''*+-.^_`|~ (an RFC 9110 token).';
         END IF;
+        low := pg_catalog.lower(name COLLATE pg_catalog."C");
+        IF given OPERATOR(pg_catalog.?) low THEN
+            RAISE EXCEPTION 'duplicate response header name'
+                USING ERRCODE = 'invalid_parameter_value',
+                      DETAIL = pg_catalog.format('Header names %s and %s are the same name in lower case.',
+                                                 pg_catalog.to_json(given OPERATOR(pg_catalog.->>) low), pg_catalog.to_json(name)),
+                      HINT = 'Store each header once.';
+        END IF;
+        given := given OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object(low, name);
         IF pg_catalog.jsonb_typeof(value) OPERATOR(pg_catalog.<>) 'string' THEN
-            RAISE EXCEPTION 'value of response header "%" is not a string', pg_catalog.lower(name)
+            RAISE EXCEPTION 'value of response header "%" is not a string', low
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Store every header value as a JSON string.';
         END IF;
         IF (value OPERATOR(pg_catalog.#>>) '{}') OPERATOR(pg_catalog.~) '[\r\n]' THEN
-            RAISE EXCEPTION 'value of response header "%" holds a line break', pg_catalog.lower(name)
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        IF result OPERATOR(pg_catalog.?) pg_catalog.lower(name) THEN
-            RAISE EXCEPTION 'response header "%" is given twice', pg_catalog.lower(name)
+            RAISE EXCEPTION 'invalid response header value'
                 USING ERRCODE = 'invalid_parameter_value',
-                      DETAIL = 'Header names are compared without regard to case.';
+                      DETAIL = pg_catalog.format('The value of header %s holds a %s.', pg_catalog.to_json(name),
+                                                 CASE WHEN pg_catalog.strpos(value OPERATOR(pg_catalog.#>>) '{}', pg_catalog.chr(13))
+                                                           OPERATOR(pg_catalog.>) 0
+                                                       AND (pg_catalog.strpos(value OPERATOR(pg_catalog.#>>) '{}', pg_catalog.chr(10))
+                                                            OPERATOR(pg_catalog.=) 0
+                                                            OR pg_catalog.strpos(value OPERATOR(pg_catalog.#>>) '{}', pg_catalog.chr(13))
+                                                               OPERATOR(pg_catalog.<)
+                                                               pg_catalog.strpos(value OPERATOR(pg_catalog.#>>) '{}', pg_catalog.chr(10)))
+                                                      THEN 'carriage return (CR)' ELSE 'line feed (LF)' END),
+                      HINT = 'A header value is one line of text: remove its CR, LF and NUL characters.';
         END IF;
-        result := result OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object(pg_catalog.lower(name), value);
+        result := result OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object(low, value);
     END LOOP;
     RETURN result;
 END
@@ -783,7 +804,8 @@ BEGIN
     IF idem_checkpoint.claim IS NULL THEN
         RAISE EXCEPTION 'checkpoint claim must not be null'
             USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'Pass the claim that idem_acquire returned with acquired.';
+                  DETAIL = 'Only the holder of the processing claim records its checkpoint.',
+                  HINT = 'Pass the claim that idem_acquire returned.';
     END IF;
     IF idem_checkpoint.phase IS NULL THEN
         RAISE EXCEPTION 'checkpoint phase must not be null'

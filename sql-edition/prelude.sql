@@ -96,7 +96,11 @@ BEGIN
     IF pg_catalog.octet_length(value) OPERATOR(pg_catalog.>) 255 THEN
         RAISE EXCEPTION 'idempotency % is too long', what
             USING ERRCODE = 'invalid_parameter_value',
-                  DETAIL = pg_catalog.format('It has %s bytes; the limit is 255.', pg_catalog.octet_length(value));
+                  DETAIL = pg_catalog.format('It has %s bytes; the limit is 255.', pg_catalog.octet_length(value)),
+                  HINT = CASE what
+                         WHEN 'key' THEN 'Pass a hash of a longer natural key, such as the hex of its SHA-256 (64 bytes).'
+                         WHEN 'scope' THEN 'Pass a hash of a longer scope, such as the hex of its SHA-256 (64 bytes).'
+                         ELSE 'Pass a token as idem_token_issue returned it.' END;
     END IF;
 END
 $$;
