@@ -67,3 +67,10 @@ SHLIB_LINK += $(filter -lcrypto, $(LIBS))
 # Every object and bitcode file depends on both headers: a header change
 # rebuilds them all.  After the include, so that `all` stays the default.
 $(OBJS) $(patsubst %.o,%.bc,$(OBJS)): idempotency.h compat.h
+
+# The SQL edition (sql-edition/README.md): make sql-edition builds its
+# extension, pg_tle and plain psql scripts from the released SQL and
+# sql-edition/*.sql, and prints the plain script's path last.
+.PHONY: sql-edition
+sql-edition:
+	@$(MAKE) --no-print-directory -s -C sql-edition

@@ -222,6 +222,24 @@ run_example() {
 run_example gin
 run_example python
 
+# The SQL edition (sql-edition/): the suites above, as far as they apply,
+# against the edition installed and called by a role that is not
+# superuser, on a cluster of its own (about a minute and a half).  Its
+# closing line: "sql edition: N of M tests passed."
+run_sql_edition() {
+	local name="sql edition" out rc=0 line
+	log "$name"
+	out=$IDEM_TMPDIR/sql-edition.out
+	bash "$REPO_ROOT/sql-edition/test.sh" 2>&1 | tee "$out" || rc=$?
+	if ((rc != 0)); then
+		status=1
+		note_failures "$name" "$out"
+	fi
+	line=$(grep -F "$name: " "$out" | grep -E " [0-9]+ of [0-9]+ tests passed\.$" | tail -n 1 || true)
+	echo "${line:-$name: 0 of 1 tests passed.}" >>"$summary"
+}
+run_sql_edition
+
 # The docs: every block of README.md, docs/*.md and the examples' READMEs,
 # run as written (scripts/docs_test.sh starts a cluster per file).  They
 # run from a copy of the tree in a fresh folder of mode 700 (--private-copy),
