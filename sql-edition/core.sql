@@ -3,7 +3,8 @@
 --
 -- The contract's functions in PL/pgSQL, with the C extension's names,
 -- parameters, defaults, result columns and SQLSTATEs.  Each runs with its
--- caller's privileges (SECURITY INVOKER; idem_forget excepted, see there)
+-- caller's privileges (SECURITY INVOKER; idem_forget and the latch's
+-- idempotency_sql.latch and latch_prune excepted, see there)
 -- and with search_path fixed to pg_catalog, pg_temp, and names every object
 -- with its schema: a caller's search_path changes nothing.
 --
@@ -216,11 +217,11 @@ GRANT EXECUTE ON FUNCTION idempotency_sql.key_lock_busy(bigint) TO PUBLIC;
 
 --
 -- rr_check(scope, key, expires_at, what): under REPEATABLE READ or
--- SERIALIZABLE, lock the version of the record (what = 'record') or of
--- the key's latch row (what = 'latch') that the snapshot sees, so that a
--- change committed after the snapshot raises 40001, with the C
--- extension's message; a change in progress is waited for.  The
--- subtransaction is entered only under those isolation levels.
+-- SERIALIZABLE, share-lock the version of the record that the snapshot
+-- sees (what = 'record'; the lock is let go at once) or write the key's
+-- latch row (what = 'latch'), so that a change committed after the
+-- snapshot raises 40001, with the C extension's message; a change in
+-- progress is waited for.  Called only under those isolation levels.
 --
 CREATE FUNCTION idempotency_sql.rr_check(scope text, key text, expires timestamptz, what text)
 RETURNS void
@@ -235,10 +236,18 @@ BEGIN
     IF what OPERATOR(pg_catalog.=) 'latch' THEN
         PERFORM idempotency_sql.latch(idempotency_sql.key_lock(s, k, false));
     ELSE
-        PERFORM FROM idempotency.records r
-         WHERE r.scope OPERATOR(pg_catalog.=) s AND r.key OPERATOR(pg_catalog.=) k
-           AND r.expires_at OPERATOR(pg_catalog.=) expires AND NOT r.is_token
-           FOR SHARE;
+        -- the share lock is only a probe: taken in a subtransaction rolled
+        -- back at once, so that it is not held to our transaction's end
+        -- (the holder's idem_complete would wait for it)
+        BEGIN
+            PERFORM FROM idempotency.records r
+             WHERE r.scope OPERATOR(pg_catalog.=) s AND r.key OPERATOR(pg_catalog.=) k
+               AND r.expires_at OPERATOR(pg_catalog.=) expires AND NOT r.is_token
+               FOR SHARE;
+            RAISE EXCEPTION USING ERRCODE = 'IDMRR';
+        EXCEPTION WHEN SQLSTATE 'IDMRR' THEN
+            NULL;
+        END;
     END IF;
 EXCEPTION WHEN serialization_failure THEN
     RAISE EXCEPTION 'could not serialize access due to concurrent change of idempotency key "%"', k
