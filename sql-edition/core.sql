@@ -62,8 +62,9 @@ REVOKE ALL ON idempotency_sql.key_latches FROM PUBLIC;
 -- which would let it move or lock rows and so disable the check or hold up
 -- every claim.  Safe to run with the owner's rights: search_path fixed,
 -- names qualified, it takes only a bigint and writes only that row, with
--- the server's clock.  EXECUTE for PUBLIC: it can do nothing
--- pg_advisory_xact_lock(h) cannot (hold up claims of one key), and the
+-- the server's clock, and only under the key lock of that hash (taken
+-- if free).  EXECUTE for PUBLIC: it can do nothing pg_advisory_xact_lock(h)
+-- cannot (hold up claims of one key, up to their wait_timeout), and the
 -- application's grants stay those of docs/reference.md.
 --
 CREATE FUNCTION idempotency_sql.latch(key_hash bigint)
@@ -74,6 +75,14 @@ AS $$
 DECLARE
     n   bigint;
 BEGIN
+    -- under the key lock only (its callers hold it already): whoever
+    -- holds a latch row's lock holds the key lock too, so a claim of the
+    -- key waits on the key lock (up to wait_timeout), never on the row
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(latch.key_hash) THEN
+        RAISE EXCEPTION 'idempotency latch of key hash % is written only under its key lock', latch.key_hash
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'Another transaction holds the key lock.';
+    END IF;
     INSERT INTO idempotency_sql.key_latches AS l (h, touched_at)
     VALUES (latch.key_hash, pg_catalog.clock_timestamp())
     ON CONFLICT (h) DO UPDATE SET touched_at = EXCLUDED.touched_at;
@@ -1144,12 +1153,14 @@ BEGIN
            ((pg_catalog.clock_timestamp() AT TIME ZONE 'UTC')::pg_catalog.date
             OPERATOR(pg_catalog.-) coalesce(pg_catalog.current_setting('idempotency.stats_retention', true),
                                             '90 days')::pg_catalog.interval);
-    -- the latch rows no snapshot can need (where this role may: the owner)
+    RETURN QUERY SELECT m.partitions_created, m.partitions_dropped
+                   FROM idempotency.maintain_partitions() m;
+    -- the latch rows no snapshot can need (where this role may: the
+    -- owner); last, so that their row locks are held only briefly (a new
+    -- claim of such a key waits for them)
     IF pg_catalog.has_function_privilege('idempotency_sql.latch_prune()', 'EXECUTE') THEN
         PERFORM idempotency_sql.latch_prune();
     END IF;
-    RETURN QUERY SELECT m.partitions_created, m.partitions_dropped
-                   FROM idempotency.maintain_partitions() m;
 END
 $$;
 

@@ -15,6 +15,13 @@ SET ROLE regress_idem_sql_ops;
 SELECT public.sqlstate_of($$UPDATE idempotency_sql.key_latches SET h = h + 1000000$$) AS tamper,
        public.sqlstate_of($$SELECT FROM idempotency_sql.key_latches FOR UPDATE$$) AS lock_all,
        public.sqlstate_of($$SELECT idempotency_sql.latch_prune()$$) AS prune;
+-- the latch function writes only under the key lock, which it takes
+BEGIN;
+SELECT idempotency_sql.latch(4242);
+SELECT pg_catalog.count(*) AS key_lock_held FROM pg_locks
+ WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND objsubid = 1
+   AND classid = 0 AND objid = 4242;
+ROLLBACK;
 RESET ROLE;
 -- a new claim writes its key's row, a replay does not
 SELECT outcome FROM idempotency.idem_acquire('rv-1');
