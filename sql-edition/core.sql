@@ -3,7 +3,8 @@
 --
 -- The contract's functions in PL/pgSQL, with the C extension's names,
 -- parameters, defaults, result columns and SQLSTATEs.  Each runs with its
--- caller's privileges (SECURITY INVOKER; idem_forget excepted, see there)
+-- caller's privileges (SECURITY INVOKER; idem_forget and the latch's
+-- idempotency_sql.latch and latch_prune excepted, see there)
 -- and with search_path fixed to pg_catalog, pg_temp, and names every object
 -- with its schema: a caller's search_path changes nothing.
 --
@@ -24,14 +25,19 @@
 --      rolled back there is nothing to see, and inserting is right.
 --   3. Under REPEATABLE READ and SERIALIZABLE the read uses the
 --      transaction's snapshot, which may be older than a record committed
---      meanwhile.  So every new claim also updates one row of
---      idempotency_sql.key_latches (the row of its key's hash, of 65,536):
---      a transaction whose snapshot predates another's update of that row
---      gets serialization_failure (40001) from its own UPDATE, which
---      PostgreSQL raises for any row updated by a transaction that
---      committed after the snapshot.  Keys that share a latch row can so get
---      a 40001 they did not strictly need (a retry then succeeds); under
---      READ COMMITTED they only wait for each other's commit.
+--      meanwhile.  So every new claim, once its read under the key lock
+--      found nothing, also writes its key's row of idempotency_sql.key_latches
+--      (one row per 64-bit key hash, INSERT ... ON CONFLICT DO UPDATE, through
+--      idempotency_sql.latch(), SECURITY DEFINER: no role but the owner has any
+--      privilege on the table).  A transaction whose snapshot predates
+--      another's committed write of that row gets serialization_failure
+--      (40001) from its own upsert (PostgreSQL's rule for ON CONFLICT DO
+--      UPDATE on a row version the snapshot cannot see).  Only holders of
+--      the same key lock write a row, so nobody waits on it; a write that
+--      does not change exactly one row is an error.  idem_forget under
+--      REPEATABLE READ writes it too.  idem_maintain deletes only rows
+--      whose writer ended before its snapshot and that are older than
+--      every live record (see latch_prune).
 --   4. Every other change of a record (complete, release, takeover, extend,
 --      checkpoint, token consume, forget) is an UPDATE or DELETE of the one
 --      row version it read, conditioned on what it read (status, claim,
@@ -43,16 +49,116 @@
 --
 
 CREATE TABLE idempotency_sql.key_latches (
-    slot    int PRIMARY KEY,
-    claims  bigint NOT NULL DEFAULT 0
-) WITH (fillfactor = 50);
-INSERT INTO idempotency_sql.key_latches (slot)
-SELECT g FROM pg_catalog.generate_series(0, 65535) g;
+    h           bigint PRIMARY KEY,
+    touched_at  timestamptz NOT NULL
+);
 COMMENT ON TABLE idempotency_sql.key_latches IS
-    'one row per 65,536th of the key space; every new claim updates its row (REPEATABLE READ safety)';
--- every role that may claim updates it (through idem_acquire, with its own
--- privileges); it holds nothing but counters
-GRANT SELECT, UPDATE ON idempotency_sql.key_latches TO PUBLIC;
+    'one row per key hash (idempotency_sql.key_lock) of a new claim: REPEATABLE READ safety; written only through idempotency_sql.latch()';
+REVOKE ALL ON idempotency_sql.key_latches FROM PUBLIC;
+
+--
+-- latch(key_hash): write the latch row of that key hash (point 3 above).  SECURITY
+-- DEFINER, so that no other role needs (or has) any privilege on the table,
+-- which would let it move or lock rows and so disable the check or hold up
+-- every claim.  Safe to run with the owner's rights: search_path fixed,
+-- names qualified, it takes only a bigint and writes only that row, with
+-- the server's clock, and only under the key lock of that hash (taken
+-- if free).  EXECUTE for PUBLIC: it can do nothing pg_advisory_xact_lock(h)
+-- cannot (hold up claims of one key, up to their wait_timeout), and the
+-- application's grants stay those of docs/reference.md.
+--
+CREATE FUNCTION idempotency_sql.latch(key_hash bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n   bigint;
+BEGIN
+    -- under the key lock only (its callers hold it already): whoever
+    -- holds a latch row's lock holds the key lock too, so a claim of the
+    -- key waits on the key lock (up to wait_timeout), never on the row
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(latch.key_hash) THEN
+        RAISE EXCEPTION 'idempotency latch of key hash % is written only under its key lock', latch.key_hash
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'Another transaction holds the key lock.';
+    END IF;
+    INSERT INTO idempotency_sql.key_latches AS l (h, touched_at)
+    VALUES (latch.key_hash, pg_catalog.clock_timestamp())
+    ON CONFLICT (h) DO UPDATE SET touched_at = EXCLUDED.touched_at;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n IS DISTINCT FROM 1 THEN
+        RAISE EXCEPTION 'idempotency latch of key hash % was not written', latch.key_hash
+            USING ERRCODE = 'internal_error',
+                  DETAIL = pg_catalog.format('%s rows were written, not 1.', n);
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION idempotency_sql.latch(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency_sql.latch(bigint) TO PUBLIC;
+
+--
+-- latch_prune(): delete the latch rows no snapshot can need any more.  A
+-- row of hash h guards a live record R of that key claimed by transaction
+-- B against a transaction T whose snapshot predates B's commit.  A row is
+-- deleted only if (a) its last writer ended before this function's
+-- snapshot was taken (xmin older than the snapshot's xmin), so a committed
+-- B's record is visible to that snapshot, and (b) it was written before
+-- the creation of every live record that snapshot sees: R was created
+-- before its latch write, so R is no longer live (expired or forgotten),
+-- and T inserting a new record is right.  A writer still open, or one
+-- that commits meanwhile, fails (a) on the version DELETE re-checks.
+-- No setting is read (a session could SET them).  SECURITY DEFINER
+-- (the table is the owner's); EXECUTE to nobody: idem_maintain calls it
+-- where its caller may.
+--
+CREATE FUNCTION idempotency_sql.latch_prune()
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    snap_xmin   xid;
+    cutoff      timestamptz;
+    n           bigint;
+BEGIN
+    -- one statement, one snapshot: its xmin and the live records it sees
+    SELECT (pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::pg_catalog.text::pg_catalog.numeric
+            OPERATOR(pg_catalog.%) 4294967296)::pg_catalog.text::pg_catalog.xid,
+           coalesce((SELECT pg_catalog.min(r.created_at) FROM idempotency.records r
+                      WHERE r.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
+                        AND NOT r.is_token),
+                    pg_catalog.clock_timestamp())
+      INTO snap_xmin, cutoff;
+    DELETE FROM idempotency_sql.key_latches l
+     WHERE l.touched_at OPERATOR(pg_catalog.<) cutoff
+       AND pg_catalog.age(l.xmin) OPERATOR(pg_catalog.>) pg_catalog.age(snap_xmin);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+REVOKE ALL ON FUNCTION idempotency_sql.latch_prune() FROM PUBLIC;
+
+--
+-- wait_timeout_ms(): idempotency.wait_timeout in ms, within the C
+-- extension's bounds (0 .. INT_MAX ms): 22023 otherwise, at the call
+--
+CREATE FUNCTION idempotency_sql.wait_timeout_ms()
+RETURNS bigint
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v   bigint := idempotency_sql.setting('idempotency.wait_timeout', 3000, 'ms', 0);
+BEGIN
+    IF v OPERATOR(pg_catalog.>) 2147483647 THEN
+        RAISE EXCEPTION '% ms is outside the valid range for parameter "idempotency.wait_timeout" (0 .. 2147483647)', v
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN v;
+END
+$$;
+GRANT EXECUTE ON FUNCTION idempotency_sql.wait_timeout_ms() TO PUBLIC;
 
 --
 -- wait_key_lock(lock, deadline): take the key lock, waiting until deadline
@@ -120,11 +226,11 @@ GRANT EXECUTE ON FUNCTION idempotency_sql.key_lock_busy(bigint) TO PUBLIC;
 
 --
 -- rr_check(scope, key, expires_at, what): under REPEATABLE READ or
--- SERIALIZABLE, lock the version of the record (what = 'record') or of
--- the key's latch row (what = 'latch') that the snapshot sees, so that a
--- change committed after the snapshot raises 40001, with the C
--- extension's message; a change in progress is waited for.  The
--- subtransaction is entered only under those isolation levels.
+-- SERIALIZABLE, share-lock the version of the record that the snapshot
+-- sees (what = 'record'; the lock is let go at once) or write the key's
+-- latch row (what = 'latch'), so that a change committed after the
+-- snapshot raises 40001, with the C extension's message; a change in
+-- progress is waited for.  Called only under those isolation levels.
 --
 CREATE FUNCTION idempotency_sql.rr_check(scope text, key text, expires timestamptz, what text)
 RETURNS void
@@ -137,15 +243,20 @@ DECLARE
     s   text COLLATE "C" := rr_check.scope;
 BEGIN
     IF what OPERATOR(pg_catalog.=) 'latch' THEN
-        UPDATE idempotency_sql.key_latches l
-           SET claims = l.claims OPERATOR(pg_catalog.+) 1
-         WHERE l.slot OPERATOR(pg_catalog.=)
-               (idempotency_sql.key_lock(s, k, false) OPERATOR(pg_catalog.&) 65535)::int;
+        PERFORM idempotency_sql.latch(idempotency_sql.key_lock(s, k, false));
     ELSE
-        PERFORM FROM idempotency.records r
-         WHERE r.scope OPERATOR(pg_catalog.=) s AND r.key OPERATOR(pg_catalog.=) k
-           AND r.expires_at OPERATOR(pg_catalog.=) expires AND NOT r.is_token
-           FOR SHARE;
+        -- the share lock is only a probe: taken in a subtransaction rolled
+        -- back at once, so that it is not held to our transaction's end
+        -- (the holder's idem_complete would wait for it)
+        BEGIN
+            PERFORM FROM idempotency.records r
+             WHERE r.scope OPERATOR(pg_catalog.=) s AND r.key OPERATOR(pg_catalog.=) k
+               AND r.expires_at OPERATOR(pg_catalog.=) expires AND NOT r.is_token
+               FOR SHARE;
+            RAISE EXCEPTION USING ERRCODE = 'IDMRR';
+        EXCEPTION WHEN SQLSTATE 'IDMRR' THEN
+            NULL;
+        END;
     END IF;
 EXCEPTION WHEN serialization_failure THEN
     RAISE EXCEPTION 'could not serialize access due to concurrent change of idempotency key "%"', k
@@ -239,10 +350,10 @@ BEGIN
         -- taken before the key lock, so that nothing waits on us for it
         my_start := idempotency_sql.owner_hold();
     END IF;
-    rr := pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
+    rr := pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=)
+          ANY (ARRAY['repeatable read', 'serializable']);
     deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+)
-                pg_catalog.make_interval(secs => idempotency_sql.setting('idempotency.wait_timeout', 3000, 'ms', 0)
-                                                 OPERATOR(pg_catalog./) 1000.0);
+                pg_catalog.make_interval(secs => idempotency_sql.wait_timeout_ms() OPERATOR(pg_catalog./) 1000.0);
 
     LOOP
         now_ts := pg_catalog.clock_timestamp();
@@ -264,18 +375,16 @@ BEGIN
                     EXIT;
                 END IF;
                 locked := true;
-                -- REPEATABLE READ safety (see the head of this section)
-                IF rr THEN
-                    PERFORM idempotency_sql.rr_check(s, k, NULL, 'latch');
-                ELSE
-                    UPDATE idempotency_sql.key_latches l
-                       SET claims = l.claims OPERATOR(pg_catalog.+) 1
-                     WHERE l.slot OPERATOR(pg_catalog.=)
-                           (idempotency_sql.key_lock(s, k, false) OPERATOR(pg_catalog.&) 65535)::int;
-                END IF;
                 CONTINUE;   -- read again, with a snapshot taken under the lock
             END IF;
-            -- no live record, under the key lock: a new claim
+            -- no live record, under the key lock: a new claim.  REPEATABLE
+            -- READ safety first (see the head of this section): only here,
+            -- so that a replay writes nothing
+            IF rr THEN
+                PERFORM idempotency_sql.rr_check(s, k, NULL, 'latch');
+            ELSE
+                PERFORM idempotency_sql.latch(idempotency_sql.key_lock(s, k, false));
+            END IF;
             newclaim := pg_catalog.gen_random_uuid();
             res.expires_at := idempotency_sql.plus_us(now_ts, ttl_us);
             INSERT INTO idempotency.records AS r
@@ -345,6 +454,9 @@ BEGIN
                    trace = idem_acquire.trace
              WHERE r.scope OPERATOR(pg_catalog.=) s AND r.key OPERATOR(pg_catalog.=) k
                AND r.expires_at OPERATOR(pg_catalog.=) rec.expires_at AND NOT r.is_token
+               -- re-checked on the newest version after a wait for its row
+               -- lock: a record that expired meanwhile is not taken over
+               AND r.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
                AND r.status OPERATOR(pg_catalog.=) 'processing'
                AND r.attempt OPERATOR(pg_catalog.=) rec.attempt
                AND r.claim IS NOT DISTINCT FROM rec.claim;
@@ -858,7 +970,7 @@ DECLARE
 BEGIN
     PERFORM idempotency_sql.check_ident(idem_forget.key, 'key', true);
     PERFORM idempotency_sql.check_ident(idem_forget.scope, 'scope', false);
-    wait_ms := idempotency_sql.setting('idempotency.wait_timeout', 3000, 'ms', 0);
+    wait_ms := idempotency_sql.wait_timeout_ms();
     deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+)
                 pg_catalog.make_interval(secs => wait_ms OPERATOR(pg_catalog./) 1000.0);
     -- a claim in a transaction still open holds the key lock
@@ -867,6 +979,13 @@ BEGIN
             USING ERRCODE = 'lock_not_available',
                   DETAIL = pg_catalog.format('It waited idempotency.wait_timeout (%s ms) for that transaction to end.', wait_ms),
                   HINT = 'Retry once that transaction has ended, or raise idempotency.wait_timeout.';
+    END IF;
+    -- Under REPEATABLE READ and SERIALIZABLE the snapshot may predate a
+    -- claim committed since (invisible to the DELETE below): its latch
+    -- write raises 40001 then, as in idem_acquire
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=)
+       ANY (ARRAY['repeatable read', 'serializable']) THEN
+        PERFORM idempotency_sql.rr_check(s, k, NULL, 'latch');
     END IF;
     -- a change in progress of the record (a completion, a takeover) holds
     -- its row lock: wait for it until the deadline too
@@ -956,7 +1075,7 @@ DECLARE
 BEGIN
     PERFORM idempotency_sql.check_ident(idem_token_consume.token, 'token', true);
     PERFORM idempotency_sql.check_ident(idem_token_consume.scope, 'scope', false);
-    wait_ms := idempotency_sql.setting('idempotency.wait_timeout', 3000, 'ms', 0);
+    wait_ms := idempotency_sql.wait_timeout_ms();
     own := idempotency_sql.setting('lock_timeout', 0, 'ms', 0);
     BEGIN
         IF own OPERATOR(pg_catalog.=) 0 OR own OPERATOR(pg_catalog.>) wait_ms THEN
@@ -1036,6 +1155,12 @@ BEGIN
                                             '90 days')::pg_catalog.interval);
     RETURN QUERY SELECT m.partitions_created, m.partitions_dropped
                    FROM idempotency.maintain_partitions() m;
+    -- the latch rows no snapshot can need (where this role may: the
+    -- owner); last, so that their row locks are held only briefly (a new
+    -- claim of such a key waits for them)
+    IF pg_catalog.has_function_privilege('idempotency_sql.latch_prune()', 'EXECUTE') THEN
+        PERFORM idempotency_sql.latch_prune();
+    END IF;
 END
 $$;
 

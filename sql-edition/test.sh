@@ -4,7 +4,8 @@
 # that is neither superuser nor CREATEROLE (what managed services give).
 #
 #   sql-edition/test.sh            every test not in sql-edition/excluded.txt,
-#                                  the edition's own (sql-edition/sql/) and a stress run
+#                                  the edition's own (sql-edition/sql/, sql-edition/specs/)
+#                                  and a stress run
 #   sql-edition/test.sh NAME...    only those (00_setup is always run first)
 #
 # As root on Debian 12, like scripts/test.sh, for IDEM_PG_MAJOR (default 15).
@@ -53,7 +54,7 @@ regress=() isolation=()
 if (($# > 0)); then
 	for t in "$@"; do
 		if [[ -f $ROOT/sql/$t.sql || -f $HERE/sql/$t.sql ]]; then regress+=("$t");
-		elif [[ -f $ROOT/specs/$t.spec ]]; then isolation+=("$t");
+		elif [[ -f $ROOT/specs/$t.spec || -f $HERE/specs/$t.spec ]]; then isolation+=("$t");
 		else die "no test $t"; fi
 	done
 	[[ ${regress[0]:-} == 00_setup ]] || regress=(00_setup "${regress[@]}")
@@ -62,6 +63,7 @@ else
 	for f in "$ROOT"/specs/*.spec; do t=$(basename "$f" .spec); is_excluded "$t" || isolation+=("$t"); done
 	# the edition's own tests, after the project's
 	for f in "$HERE"/sql/*.sql; do regress+=("$(basename "$f" .sql)"); done
+	for f in "$HERE"/specs/*.spec; do isolation+=("$(basename "$f" .spec)"); done
 fi
 
 # The cluster: scripts/common.sh's start_cluster appends $REPO_ROOT/regress.conf,
@@ -98,7 +100,7 @@ sed -i -E 's/\b(CREATE|DROP) EXTENSION( IF NOT EXISTS| IF EXISTS)? idempotency\b
 	"$T"/sql/*.sql "$T"/expected/*.out
 sed -i -E "s/extname = 'idempotency'/extname = 'idempotency_sql'/" "$T"/sql/*.sql "$T"/expected/*.out
 sed -i -E 's/^(\s*)CREATE EXTENSION IF NOT EXISTS idempotency;/\1SET client_min_messages = warning;/' "$T"/specs/*.spec
-cp "$HERE"/sql/*.sql "$T/sql/"
+cp "$HERE"/sql/*.sql "$T/sql/"; cp "$HERE"/specs/*.spec "$T/specs/"
 cp "$HERE"/expected/*.out "$T/expected/"
 # The edition's errors are raised in PL/pgSQL, which adds a CONTEXT line
 # (the function and line) that the C extension's errors have not; no

@@ -13,7 +13,8 @@ SELECT n.nspname, has_schema_privilege('public', n.oid, 'USAGE') AS public_usage
 SELECT pg_catalog.count(*) AS helper_tables_with_records
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE n.nspname = 'idempotency_sql' AND c.relkind = 'r' AND c.relname <> 'key_latches';
--- no C, no untrusted language, no SECURITY DEFINER but idem_forget
+-- no C, no untrusted language, no SECURITY DEFINER but idem_forget and
+-- the latch's two (core.sql: they take a bigint or nothing)
 SELECT l.lanname, pg_catalog.count(*) > 0 AS used
   FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
  WHERE p.pronamespace IN ('idempotency'::regnamespace, 'idempotency_sql'::regnamespace)
@@ -21,7 +22,8 @@ SELECT l.lanname, pg_catalog.count(*) > 0 AS used
 SELECT p.oid::regprocedure AS security_definer
   FROM pg_proc p
  WHERE p.pronamespace IN ('idempotency'::regnamespace, 'idempotency_sql'::regnamespace)
-   AND p.prosecdef;
+   AND p.prosecdef
+ ORDER BY p.oid::regprocedure::text COLLATE "C";
 -- every function fixes its search_path (SQL-standard bodies are bound at creation)
 SELECT p.oid::regprocedure AS without_search_path
   FROM pg_proc p
