@@ -112,7 +112,9 @@ chmod 755 "$T/psql_launcher"
 chown -R postgres: "$T"
 
 # the plain script, run by the database owner (no extension)
-as_postgres cp "$HERE/build/idempotency_sql.psql" "$T/idempotency_sql.psql"
+# (copied as root: the postgres OS user may not enter the clone, /root/...)
+cp "$HERE/build/idempotency_sql.psql" "$T/idempotency_sql.psql"
+chown postgres: "$T/idempotency_sql.psql"
 as_postgres "$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -h "$SOCK" -p "$PGPORT" -U idem_owner \
 	-d isolation_regression -f "$T/idempotency_sql.psql" >/dev/null
 
