@@ -33,7 +33,8 @@ rm -rf "$STAGE"
 SOCK=$IDEM_TMPDIR/socket
 P() { as_postgres "$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -h "$SOCK" -p "$PGPORT" "$@"; }
 P -U postgres -d postgres -c "CREATE ROLE idem_owner LOGIN" -c "CREATE DATABASE bench OWNER idem_owner"
-as_postgres cp "$HERE/build/idempotency_sql.psql" "$ROOT/bench/cases/"*.pgbench "$IDEM_TMPDIR/"
+cp "$HERE/build/idempotency_sql.psql" "$ROOT/bench/cases/"*.pgbench "$IDEM_TMPDIR/"    # as root: postgres may not enter the clone
+chown postgres: "$IDEM_TMPDIR/idempotency_sql.psql" "$IDEM_TMPDIR/"*.pgbench
 P -U idem_owner -d bench -f "$IDEM_TMPDIR/idempotency_sql.psql" >/dev/null
 P -U idem_owner -d bench -v req="$REQ" -v resp="$RESP" -v nrep="$NREP" <<-'SQL'
 	CREATE SCHEMA bench;
