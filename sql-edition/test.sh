@@ -121,8 +121,9 @@ as_postgres "$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -h "$SOCK" -p "$PGPORT" -
 passed=0 total=0
 count() {	# count OUTPUT: the "... ok" and "... FAILED" lines of a run
 	local ok bad
-	ok=$(grep -cE '^(test |     |ok |not ok )?.* \.\.\. ok' "$1" || true)
-	bad=$(grep -cE '\.\.\. (FAILED|failed)' "$1" || true)
+	# 15: "test NAME ... ok"; 16 and later: "ok N - NAME" / "not ok N - NAME"
+	ok=$(grep -cE '\.\.\. ok|^ok +[0-9]+ +- ' "$1" || true)
+	bad=$(grep -cE '\.\.\. (FAILED|failed)|^not ok +[0-9]+ +- ' "$1" || true)
 	passed=$((passed + ok)); total=$((total + ok + bad))
 }
 rc=0
