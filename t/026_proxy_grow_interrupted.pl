@@ -69,16 +69,19 @@ ok($r1->poll_query_until('postgres', q{
 		SELECT pg_cancel_backend(pid) FROM pg_stat_activity
 		 WHERE query LIKE 'SELECT count(*) FROM idempotency.cluster_grow(%' AND state = 'active'}),
 	'the growth is cancelled');
-my ($grow) = finish_clients(@hg);
-like($grow->[1], qr/canceling statement/, 'the first growth stopped half way');
-# The router passes its cancel on to the old shard's install.  Should that
-# cancel meet the install's own 20 ms lock_timeout there, the shard takes
-# it for that timeout and tries again: cancel it there until it is gone,
-# so that it can never install layout 2 once the transaction ends.
+# The router passes its cancel on to the old shard's install and waits
+# for that install to end (PL/Proxy's remote_cancel).  Should that cancel
+# meet the install's own 20 ms lock_timeout there, PostgreSQL reports the
+# lock timeout, the install takes it for one and tries again, and the
+# router goes on waiting (seen on 18 in CI): cancel the install there until
+# it is gone, so that the growth ends and can never install layout 2 on the
+# old shard once the transaction ends.
 ok($a->poll_query_until('postgres', qq{
 		SELECT count(pg_cancel_backend(pid)) = 0 FROM pg_stat_activity
 		 WHERE state = 'active' AND query LIKE $install_like}),
 	'the old shard\'s install has ended');
+my ($grow) = finish_clients(@hg);
+like($grow->[1], qr/canceling statement/, 'the first growth stopped half way');
 $hold->query_safe('COMMIT');
 $hold->quit;
 is(layouts(), '1:true 2:false', 'half way: old shard at layout 1, new shard has 2, not in force');
