@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# examples/run_tests.sh gin|python -- the HTTP test of one example
+# examples/run_tests.sh gin|python|APP -- the HTTP test of one example
+# (or of an integration's sample app APP, integrations/*/conformance/APP.sh)
 #
 # Against the cluster that PGHOST, PGPORT and PGUSER name (scripts/test.sh
 # starts it): makes a database of the example's own (the extension and
@@ -15,7 +16,7 @@ set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/common.sh"
 
-which=${1:?usage: run_tests.sh gin|python}
+which=${1:?usage: run_tests.sh gin|python|APP}
 name="$which example (HTTP)"
 here=$REPO_ROOT/examples
 # Debian's own Python: the one python3-psycopg and python3-psycopg-pool are for
@@ -75,7 +76,16 @@ case $which in
 		seed_flag=--replay-200 fault_flag=--fault-injection
 		;;
 	*)
-		die "no example $which"
+		# An integration's sample app (integrations/*/conformance/NAME.sh):
+		# sourced here with $work, $dsn and $python set, it builds or
+		# installs what it needs and defines server PORT [FLAG...] (exec
+		# the app on 127.0.0.1:PORT against $dsn, with the charge lease of
+		# 2 s), seed_flag (the seed's rule, replay 200) and fault_flag
+		# (fault injection), as the two arms above do.
+		hook=$(compgen -G "$REPO_ROOT/integrations/*/conformance/$which.sh" | head -n 1 || true)
+		[[ -n $hook ]] || die "no example $which"
+		# shellcheck disable=SC1090
+		source "$hook" || did_not_run "$hook failed"
 		;;
 esac
 

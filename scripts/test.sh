@@ -8,6 +8,9 @@
 #   prove (TAP)           t/*.pl, on clusters of their own
 #   the HTTP examples     examples/run_tests.sh gin|python, real requests
 #                         to each example's server on 127.0.0.1
+#   the integrations      integrations/*/test.sh (15 only): each package
+#                         built, installed into a fresh app, its sample
+#                         apps driven by examples/http_test.py
 #   the docs              scripts/docs_test.sh: every sql, shell and
 #                         postgresql.conf block of the Markdown files, each
 #                         file on a fresh cluster of its own (docs/testing.md),
@@ -221,6 +224,33 @@ run_example() {
 }
 run_example gin
 run_example python
+
+# The integrations (integrations/*/: node, python, go): each one's
+# integrations/NAME/test.sh builds its package the ecosystem's way,
+# installs it from that artifact into a fresh app, runs its README's quick
+# start and drives its sample apps through examples/http_test.py (the
+# conformance test), against this cluster.  On 15 only: the matrix roots
+# have no npm.  Its closing line: "NAME integration: N of M tests passed."
+run_integration() {
+	local dir=$1 name out rc=0 line
+	name="$(basename "$dir") integration"
+	log "$name"
+	out=$IDEM_TMPDIR/integration-$(basename "$dir").out
+	bash "$dir/test.sh" 2>&1 | tee "$out" || rc=$?
+	if ((rc != 0)); then
+		status=1
+		note_failures "$name" "$out"
+	fi
+	line=$(grep -F "$name: " "$out" | grep -E " [0-9]+ of [0-9]+ tests passed\.$" | tail -n 1 || true)
+	echo "${line:-$name: 0 of 1 tests passed.}" >>"$summary"
+}
+if [[ $IDEM_PG_MAJOR == 15 ]]; then
+	for dir in "$REPO_ROOT"/integrations/*/; do
+		if [[ -f $dir/test.sh ]]; then
+			run_integration "${dir%/}"
+		fi
+	done
+fi
 
 # The SQL edition (sql-edition/): the suites above, as far as they apply,
 # against the edition installed and called by a role that is not
