@@ -7,6 +7,7 @@
 # psycopg, FastAPI, Django... are used, nothing is downloaded).  Sets
 # $venv_python.  With PG_IDEMPOTENCY_VENV set (integrations/python/test.sh
 # builds it once), that virtualenv is used instead.
+# shellcheck disable=SC2034,SC2154  # $work in, venv_python and the flags out
 
 pyint_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
