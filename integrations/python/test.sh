@@ -92,7 +92,10 @@ log "$name: README.md"
 mkdir "$work/readme"
 cp -r "$here/pyproject.toml" "$here/README.md" "$here/src" "$work/readme/"
 if fresh_db idem_python_readme >"$work/readme-db.out" 2>&1; then
-	PATH=/usr/bin:/bin:$PATH PGDATABASE=idem_python_readme PORT=$(free_port) \
+	port=$(free_port)
+	django_port=$(free_port)
+	while [[ $django_port == "$port" ]]; do django_port=$(free_port); done
+	PATH=/usr/bin:/bin:$PATH PGDATABASE=idem_python_readme PORT=$port DJANGO_PORT=$django_port \
 		/usr/bin/python3 "$here/tests/readme_test.py" "$here/README.md" "$work/readme" >"$work/readme.out" 2>&1
 	results "$work/readme.out"
 else
