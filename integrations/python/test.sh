@@ -53,20 +53,7 @@ finish() {
 }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-python.XXXXXX")
-# shellcheck disable=SC2317  # run by the trap
-cleanup() {
-	# a README block that failed before its kill leaves its server running
-	if [[ -f $work/readme/.readme-state ]]; then
-		(
-			set +u
-			# shellcheck disable=SC1091
-			source "$work/readme/.readme-state" 2>/dev/null
-			[[ -n ${server:-} ]] && kill "$server" 2>/dev/null
-		) || true
-	fi
-	rm -rf "$work"
-}
-trap cleanup EXIT
+trap 'rm -rf "$work"' EXIT
 t0=$SECONDS
 psql=("$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1)
 # fresh_db NAME: a new database with the extension

@@ -5,7 +5,8 @@ integrations/python).
 
 - ```sh: run by bash (set -e) in DIR; the variables it sets carry over to
   the next block (each runs with set -a and leaves `export -p` behind);
-  its background processes keep running.  A ```text block right after it
+  its background processes keep running (until the end: then what the
+  README did not stop is).  A ```text block right after it
   is its expected output: each of its lines must match a line of the
   output, in order ("..." matches anything).
 - ```python preceded by <!-- file: NAME -->: written to DIR/NAME.
@@ -16,6 +17,7 @@ sh block; exits 1 if one failed."""
 import fnmatch
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -59,6 +61,20 @@ def main():
     readme, cwd = sys.argv[1], sys.argv[2]
     state = os.path.join(cwd, ".readme-state")
     failed = 0
+    groups = []  # each block's process group: its servers are in it
+    try:
+        failed = run(readme, cwd, state, groups)
+    finally:
+        for pgid in groups:
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    return 1 if failed else 0
+
+
+def run(readme, cwd, state, groups):
+    failed = 0
     items = blocks(open(readme).read())
     i = 0
     while i < len(items):
@@ -83,8 +99,10 @@ def main():
         outfile = os.path.join(cwd, ".readme-out")
         with open(outfile, "w") as out:
             # output to a file: a background server keeps no pipe open
-            rc = subprocess.run(["bash", "-c", script], cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL).returncode
+            proc = subprocess.Popen(["bash", "-c", script], cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            groups.append(proc.pid)
+            rc = proc.wait()
         output = open(outfile).read()
         what = "README line %d: %s" % (line, body.strip().splitlines()[0])
         if rc == 0 and (expected is None or matches(expected, output)):
@@ -98,7 +116,7 @@ def main():
                 print("#   expected:")
                 for text in expected.splitlines():
                     print("#   " + text)
-    return 1 if failed else 0
+    return failed
 
 
 if __name__ == "__main__":
