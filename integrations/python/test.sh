@@ -12,9 +12,8 @@
 #   4. runs examples/run_tests.sh for each sample app (conformance/*.sh:
 #      fastapi, starlette, django), which use the installed wheel.
 # Everything runs as root (builds and the README in temporary folders);
-# nothing runs as the
-# postgres OS user.  Prints TAP-style lines, then "python integration: N of
-# M tests passed."; exits 1 if any failed.  One to two minutes (64 to 121 s
+# nothing runs as the postgres OS user.  Prints TAP-style lines, then
+# "python integration: N of M tests passed."; exits 1 if any failed.  One to two minutes (64 to 121 s
 # measured on a busy 2-core machine), plus apt-get where packages are missing.
 set -uo pipefail
 
