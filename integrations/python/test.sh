@@ -13,8 +13,9 @@
 #      fastapi, starlette, django), which use the installed wheel.
 # Everything runs as root (builds and the README in temporary folders);
 # nothing runs as the postgres OS user.  Prints TAP-style lines, then
-# "python integration: N of M tests passed."; exits 1 if any failed.  One to two minutes (64 to 121 s
-# measured on a busy 2-core machine), plus apt-get where packages are missing.
+# "python integration: N of M tests passed."; exits 1 if any failed.  One
+# to two minutes (64 to 121 s measured on a busy 2-core machine), plus
+# apt-get where packages are missing.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
