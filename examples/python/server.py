@@ -6,8 +6,9 @@ psycopg 3 and psycopg_pool (Debian: python3-psycopg, python3-psycopg-pool).
     python3 server.py --listen 127.0.0.1:8080 --dsn 'dbname=shop'
 
 The same endpoints and the same mapping as examples/gin (tables:
-examples/schema.sql).  Idempotent.handle is the part to take away: for a
-POST it reads the Idempotency-Key header and the JSON body, and
+examples/schema.sql).  The mapping is pg_idempotency's (the package of
+integrations/python, imported from this tree): Idempotency.handle, for a
+POST, reads the Idempotency-Key header and the JSON body, and
 
   - opens one transaction and calls idempotency.idem_acquire(key, body,
     scope) in it, the scope being the authenticated user and the route;
@@ -40,58 +41,29 @@ back and stores nothing (the retry runs again too).
 """
 
 import argparse
-import contextlib
 import hashlib
 import json
+import logging
+import os
 import re
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import psycopg
 from psycopg_pool import ConnectionPool
 
-PROBLEM_BASE = "https://example.com/problems/"
+# pg_idempotency from this tree (integrations/python/src), not installed:
+# the example runs on every PostgreSQL major of the tests as it is.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
+                                "integrations", "python", "src"))
+from pg_idempotency import Idempotency, Response, problem  # noqa: E402
+
 SKIP_PATHS = {"/health", "/metrics"}
-# The response headers stored with an answer (idem_complete's
-# response_headers) and sent again with its replays, as spelled here.
-REPLAYED_HEADERS = ("Location", "ETag", "Content-Type", "Content-Location")
-SPELLING = {h.lower(): h for h in REPLAYED_HEADERS}
 
 
 class WorkerDied(BaseException):
     """Raised by a handler (--fault-injection) to play a worker that dies:
     nothing is answered, stored or released; the claim is left to its lease."""
-
-
-class Response:
-    def __init__(self, status, body=None, headers=None):
-        self.status = status
-        self.body = body  # a JSON value (None: no body), or bytes as they are
-        self.headers = dict(headers or {})
-
-
-def problem(status, typ, title, detail=None, headers=None):
-    """An RFC 9457 problem+json answer."""
-    body = {"type": PROBLEM_BASE + typ, "title": title, "status": status}
-    if detail:
-        body["detail"] = detail
-    return Response(status, body, headers)
-
-
-def content_type(status):
-    """What a JSON body is sent as, first time and replayed alike."""
-    return "application/problem+json" if status >= 400 else "application/json; charset=utf-8"
-
-
-def db_problem(err):
-    """A database error: 503 where a retry cures it, 400 for refused data."""
-    code = getattr(err, "sqlstate", None) or ""
-    if code[:2] == "40" or code in ("55P03", "53300"):
-        return problem(503, "try-again", "Try again", str(err), {"Retry-After": "1"})
-    if code[:2] == "22":
-        return problem(400, "bad-request", "Request refused by the database", str(err))
-    return problem(500, "database-error", "Database error", str(err))
 
 
 class Request:
@@ -105,257 +77,6 @@ class Request:
 
     def json(self):
         return json.loads(self.body or b"null")
-
-
-class Claim:
-    """What an acquired request's handler gets."""
-
-    def __init__(self, pool, key, scope, lease, conn=None, claim=None, resumed=None):
-        self.pool = pool
-        self.key = key
-        self.scope = scope
-        self.lease = lease
-        self.claim = claim  # the claim idem_acquire returned (checkpoints need it)
-        self.released = False
-        # after a takeover: (phase, state) of the last checkpoint of the
-        # claim taken over, or None
-        self.resumed = resumed
-        self.checkpointed = False  # a checkpoint was committed
-        self._conn = conn  # the open transaction, if any
-        self._lock = threading.Lock()
-
-    @property
-    def tx(self):
-        """The connection whose transaction commits with the stored answer.
-        In lease mode it is taken at first use: use it after the outside
-        call, not before."""
-        with self._lock:
-            if self._conn is None:
-                self._conn = self.pool.getconn()
-            return self._conn
-
-    def release(self):
-        """idem_release: nothing is stored, the retry runs the handler again."""
-        sql = "SELECT idempotency.idem_release(key => %s, scope => %s, claim => %s::uuid)"
-        args = (self.key, self.scope, self.claim)
-        with self._lock:
-            if self._conn is not None:
-                self._conn.execute(sql, args)
-            else:
-                with self.pool.connection() as conn:
-                    conn.execute(sql, args)
-                    conn.commit()
-        self.released = True
-
-    def checkpoint(self, phase, state=None):
-        """idem_checkpoint: record the step done (phase) and what the next
-        attempt needs (state, a JSON value).  In the open transaction if
-        there is one (committed with the handler's writes), else, in lease
-        mode before tx, committed at once.  After a committed checkpoint, a
-        handler that fails leaves the claim to its lease (not released):
-        the retry that takes it over resumes."""
-        sql = ("SELECT idempotency.idem_checkpoint(key => %s, scope => %s, claim => %s::uuid,"
-               " phase => %s, state => %s::jsonb)")
-        args = (self.key, self.scope, self.claim, phase, None if state is None else json.dumps(state))
-        with self._lock:
-            if self._conn is not None:
-                self._conn.execute(sql, args)
-                return
-            with self.pool.connection() as conn:
-                conn.execute(sql, args)
-                conn.commit()
-            self.checkpointed = True
-
-    def extend(self):
-        """idem_extend: push the lease out while a slow call runs."""
-        if not self.lease:
-            return
-        with self.pool.connection() as conn:
-            conn.execute("SELECT idempotency.idem_extend(key => %s, scope => %s, claim => %s::uuid,"
-                         " lease => %s::float8 * interval '1 second')",
-                         (self.key, self.scope, self.claim, self.lease))
-            conn.commit()
-
-    @contextlib.contextmanager
-    def keep_alive(self):
-        """extend() every third of the lease while the block runs."""
-        stop = threading.Event()
-
-        def beat():
-            while not stop.wait(self.lease / 3):
-                try:
-                    self.extend()
-                except psycopg.Error:
-                    return  # taken over or expired: the completion will be refused
-
-        thread = threading.Thread(target=beat, daemon=True)
-        if self.lease:
-            thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            if thread.is_alive():
-                thread.join()
-
-    def _end(self, commit):
-        with self._lock:
-            conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        try:
-            if commit:
-                conn.commit()
-            else:
-                conn.rollback()
-        finally:
-            self.pool.putconn(conn)
-
-
-class Idempotent:
-    """The mapping from idem_acquire's outcomes to HTTP."""
-
-    ACQUIRE = """
-        SELECT outcome, response_status, response_body::text, retry_after, claim::text,
-               phase, state, response_headers, origin_trace
-          FROM idempotency.idem_acquire(key => %s::text, request => %s::jsonb, scope => %s::text,
-                                        ttl => %s::float8 * interval '1 second',
-                                        lease => %s::float8 * interval '1 second',
-                                        trace => %s::text)"""
-    COMPLETE = """
-        SELECT idempotency.idem_complete(key => %(key)s::text, response_status => %(status)s::int,
-                                         response_body => %(body)s::jsonb, scope => %(scope)s::text,
-                                         claim => %(claim)s::uuid, response_headers => %(headers)s::jsonb),
-               %(body)s::jsonb::text"""
-
-    def __init__(self, pool, replay_ok=False, ttl=None):
-        self.pool = pool
-        self.replay_ok = replay_ok  # the seed's rule: a replayed 2xx is answered 200
-        self.ttl = ttl  # seconds; None: idempotency.default_ttl
-
-    def handle(self, req, handler, lease=None):
-        key = req.headers.get("Idempotency-Key")
-        if not key:
-            return problem(400, "idempotency-key-missing", "Idempotency-Key header missing",
-                           "This operation is idempotent: send an Idempotency-Key header "
-                           "(a UUID that you send again when you retry).")
-        if len(key.encode()) > 255:
-            return problem(400, "idempotency-key-invalid", "Idempotency-Key header too long",
-                           "The key is at most 255 bytes long.")
-        request = "null"  # an empty body: compared as JSON null
-        if req.body.strip():
-            try:
-                json.loads(req.body)
-            except ValueError:
-                return problem(400, "body-not-json", "Request body is not JSON",
-                               "The request body is compared with the first request's as JSON.")
-            request = req.body.decode()
-        scope = "user:%s %s %s" % (req.user or "anonymous", req.method, req.path)
-        if len(scope.encode()) > 255:
-            scope = "sha256:" + hashlib.sha256(scope.encode()).hexdigest()
-        # for linking duplicates to the first request: one too long to
-        # store (255 bytes) is not passed on rather than refused
-        trace = req.headers.get("traceparent")
-        if trace is not None and len(trace.encode()) > 255:
-            trace = None
-
-        conn = self.pool.getconn()
-        try:
-            outcome, status, stored, retry_after, claim_id, phase, state, headers, origin_trace = conn.execute(
-                self.ACQUIRE, (key, request, scope, self.ttl or None, lease or None, trace)).fetchone()
-            if outcome != "acquired" or lease:
-                conn.commit()  # lease mode: the claim is now visible, as processing
-        except psycopg.Error as err:
-            conn.rollback()
-            self.pool.putconn(conn)
-            return db_problem(err)
-        if outcome != "acquired" or lease:
-            self.pool.putconn(conn)
-            conn = None
-
-        dup = {}
-        if outcome != "acquired":
-            # a duplicate: link it to the first request, in the log and for the client
-            sys.stderr.write("idempotency: %s, key %r scope %r: traceparent %s, first request's %s\n"
-                             % (outcome, key, scope, trace or "-", origin_trace or "-"))
-            if origin_trace is not None:
-                dup["Idempotent-Origin-Trace"] = origin_trace
-        if outcome == "replay":
-            if self.replay_ok and 200 <= status < 300:
-                status = 200
-            # stored in lower case: sent as REPLAYED_HEADERS spell them
-            replayed = {SPELLING.get(k, k): v for k, v in (headers or {}).items()}
-            return self._stored(status, stored, dict(replayed, **dup, **{"Idempotent-Replayed": "true"}))
-        if outcome == "mismatch":
-            return problem(422, "idempotency-key-reused", "Idempotency-Key already used for another request",
-                           "This key was sent before with a different request body; "
-                           "use a new key for a new request.", dup)
-        if outcome == "in_progress":
-            wait = retry_after if retry_after and retry_after > 0 else 1
-            return problem(409, "request-in-progress", "A request with this Idempotency-Key is being processed",
-                           "Send the same request again after %d second(s)." % wait,
-                           dict(dup, **{"Retry-After": str(wait)}))
-
-        claim = Claim(self.pool, key, scope, lease, conn=conn, claim=claim_id,
-                      resumed=(phase, state) if phase is not None else None)
-        try:
-            resp = handler(req, claim)
-        except WorkerDied:
-            # played by the handler: the worker is gone, its claim left to its lease
-            claim._end(commit=False)
-            raise
-        except Exception as err:  # noqa: BLE001 -- answered 500, nothing stored
-            claim._end(commit=False)
-            if lease and not claim.released and not claim.checkpointed:
-                # The outside call may have happened: give the claim up so
-                # that a retry runs again (the provider deduplicates on the key).
-                with contextlib.suppress(psycopg.Error):
-                    claim.release()
-            return db_problem(err) if isinstance(err, psycopg.Error) else \
-                problem(500, "internal-error", "Internal error", str(err))
-        if claim.released:
-            try:
-                claim._end(commit=True)
-            except psycopg.Error as err:
-                return db_problem(err)
-            return resp
-
-        body = None if resp.body is None else json.dumps(resp.body)
-        # the headers to replay: those of REPLAYED_HEADERS that this answer
-        # has (its Content-Type as it goes out)
-        replayed = {k: v for k, v in resp.headers.items() if k.lower() in SPELLING and k.lower() != "content-type"}
-        if body is not None:
-            replayed["Content-Type"] = content_type(resp.status)
-        try:
-            done, canonical = claim.tx.execute(self.COMPLETE, {
-                "key": key, "status": resp.status, "body": body, "scope": scope, "claim": claim.claim,
-                "headers": json.dumps(replayed) if replayed else None,
-            }).fetchone()
-            claim._end(commit=True)
-        except psycopg.Error as err:
-            claim._end(commit=False)
-            if err.sqlstate == "55000":
-                # Lease mode: the lease ran out and another request took the
-                # claim over; its answer is the one that counts.
-                return problem(409, "idempotency-claim-lost", "This request's claim was taken over",
-                               "It took longer than its lease; send the same request again.",
-                               {"Retry-After": "1"})
-            return db_problem(err)
-        # The body goes out as the database stores it (jsonb's text), so
-        # that the first answer and every replay are the same bytes.
-        headers = {k: v for k, v in resp.headers.items() if k.lower() != "content-type"}
-        return self._stored(resp.status, canonical, headers)
-
-    @staticmethod
-    def _stored(status, text, headers):
-        """The answer of a stored body (jsonb's text); its Content-Type
-        the one in headers (a replay's), else content_type(status)."""
-        resp = Response(status, None if text is None else text.encode(), headers)
-        if text is not None:
-            resp.headers.setdefault("Content-Type", content_type(status))
-        else:
-            resp.headers.pop("Content-Type", None)
-        return resp
 
 
 # ---- the example's endpoints (the seed's payment and stock deduction) ----
@@ -492,7 +213,9 @@ def make_handler(shop, idem, charge_lease):
             req.params = m.groupdict()
             try:
                 if idempotent and path not in SKIP_PATHS:
-                    resp = idem.handle(req, fn, lease)
+                    resp = idem.handle(self.command, path, self.headers.get("Idempotency-Key"), body, user,
+                                       lambda claim: fn(req, claim), lease=lease,
+                                       trace=self.headers.get("traceparent"))
                 else:
                     resp = fn(req)
             except WorkerDied:
@@ -503,11 +226,7 @@ def make_handler(shop, idem, charge_lease):
             self.send(resp)
 
         def send(self, resp):
-            body = resp.body
-            headers = dict(resp.headers)
-            if body is not None and not isinstance(body, bytes):
-                body = json.dumps(body).encode()
-                headers.setdefault("Content-Type", content_type(resp.status))
+            body, headers = resp.encoded()
             self.send_response(resp.status)
             for k, v in headers.items():
                 self.send_header(k, v)
@@ -537,11 +256,13 @@ def main():
     ap.add_argument("--fault-injection", action="store_true",
                     help="honour the X-Fault request header (tests only): die-after-charge")
     args = ap.parse_args()
+    # pg_idempotency logs a replay, a 409 and a 422 with both traceparents
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 
     pool = ConnectionPool(args.dsn, min_size=2, max_size=args.max_conns, open=True)
     pool.wait()
     shop = Shop(pool, faults=args.fault_injection)
-    idem = Idempotent(pool, replay_ok=args.replay_200)
+    idem = Idempotency(pool, replay_ok=args.replay_200)
     host, port = args.listen.rsplit(":", 1)
     server = Server((host, int(port)), make_handler(shop, idem, args.charge_lease))
     print("listening on %s" % args.listen, file=sys.stderr, flush=True)

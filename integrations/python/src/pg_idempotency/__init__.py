@@ -1,0 +1,25 @@
+"""pg_idempotency -- exactly-once endpoints and jobs over the idempotency
+PostgreSQL extension, with psycopg 3.
+
+    from pg_idempotency import idempotent
+    result = idempotent(pool, key, request, fn)        # a job, a queue message
+
+    from pg_idempotency.asgi import IdempotencyMiddleware   # FastAPI, Starlette
+    "pg_idempotency.django.IdempotencyMiddleware"          # Django's MIDDLEWARE
+
+The handler (fn, the view) runs inside the transaction that claimed the key:
+its writes commit with the stored answer, or roll back with the claim.  A
+retry gets the stored answer; a retry while the first attempt runs gets
+InProgress (HTTP 409 with Retry-After); the key with another request gets
+Mismatch (HTTP 422)."""
+
+from ._async import AsyncClaim, AsyncIdempotency, idempotent_async
+from ._core import (REPLAYED_HEADERS, IdempotencyError, InProgress, Mismatch, Response,
+                    content_type, problem)
+from ._sync import Claim, Idempotency, idempotent
+
+__version__ = "0.1.0"
+
+__all__ = ["AsyncClaim", "AsyncIdempotency", "Claim", "Idempotency", "IdempotencyError", "InProgress",
+           "Mismatch", "REPLAYED_HEADERS", "Response", "content_type", "idempotent", "idempotent_async",
+           "problem"]

@@ -1,0 +1,278 @@
+"""pg_idempotency._async -- the engine over psycopg 3's asyncio API:
+AsyncClaim, AsyncIdempotency and idempotent_async(), the same as _sync's
+with await."""
+
+import asyncio
+import contextlib
+import json
+
+import psycopg
+
+from . import _core
+from ._core import Acquired, InProgress, Response
+from ._sync import _result
+
+
+class _PoolSource:
+    single = False
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    async def getconn(self):
+        return await self.pool.getconn()
+
+    async def putconn(self, conn):
+        await self.pool.putconn(conn)
+
+
+class _ConnSource:
+    single = True
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    async def getconn(self):
+        return self.conn
+
+    async def putconn(self, conn):
+        pass
+
+
+def _source(conn_or_pool):
+    if isinstance(conn_or_pool, psycopg.AsyncConnection):
+        return _ConnSource(conn_or_pool)
+    return _PoolSource(conn_or_pool)
+
+
+@contextlib.asynccontextmanager
+async def _own_transactions(conn):
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise psycopg.ProgrammingError("pg_idempotency needs an idle connection (commit or roll back first)")
+    autocommit = conn.autocommit
+    if autocommit:
+        await conn.set_autocommit(False)
+    try:
+        yield
+    finally:
+        if autocommit:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                await conn.rollback()
+            await conn.set_autocommit(True)
+
+
+class AsyncClaim:
+    """What an acquired request's handler gets: `await claim.tx` (the
+    connection whose transaction commits with the stored answer), resumed,
+    checkpoint(), keep_alive(), extend(), release(), all awaited."""
+
+    def __init__(self, source, key, scope, lease, conn=None, claim=None, resumed=None):
+        self._source = source
+        self.key = key
+        self.scope = scope
+        self.lease = lease
+        self.claim = claim
+        self.released = False
+        self.resumed = resumed
+        self.checkpointed = False
+        self._conn = conn
+        self._lock = asyncio.Lock()
+
+    @property
+    def tx(self):
+        """Awaitable: the connection whose transaction commits with the
+        stored answer (in lease mode taken at first use: after the outside
+        call, not before)."""
+        return self._tx()
+
+    async def _tx(self):
+        async with self._lock:
+            if self._conn is None:
+                self._conn = await self._source.getconn()
+            return self._conn
+
+    async def _apart(self, sql, args):
+        async with self._lock:
+            if self._conn is not None:
+                await self._conn.execute(sql, args)
+                return False
+            conn = await self._source.getconn()
+            try:
+                await conn.execute(sql, args)
+                await conn.commit()
+            except BaseException:
+                await conn.rollback()
+                raise
+            finally:
+                await self._source.putconn(conn)
+            return True
+
+    async def release(self):
+        """idem_release: nothing is stored, the retry runs the handler again."""
+        await self._apart(_core.RELEASE, (self.key, self.scope, self.claim))
+        self.released = True
+
+    async def checkpoint(self, phase, state=None):
+        """idem_checkpoint (see Claim.checkpoint)."""
+        args = (self.key, self.scope, self.claim, phase, None if state is None else json.dumps(state))
+        if await self._apart(_core.CHECKPOINT, args):
+            self.checkpointed = True
+
+    async def extend(self):
+        """idem_extend: push the lease out while a slow call runs."""
+        if not self.lease or (self._source.single and self._conn is not None):
+            return
+        await self._apart(_core.EXTEND, (self.key, self.scope, self.claim, self.lease))
+
+    @contextlib.asynccontextmanager
+    async def keep_alive(self):
+        """extend() every third of the lease while the block runs."""
+
+        async def beat():
+            while True:
+                await asyncio.sleep(self.lease / 3)
+                try:
+                    await self.extend()
+                except psycopg.Error:
+                    return  # taken over or expired: the completion will be refused
+
+        task = asyncio.ensure_future(beat()) if self.lease else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _end(self, commit):
+        async with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            if commit:
+                await conn.commit()
+            else:
+                await conn.rollback()
+        finally:
+            await self._source.putconn(conn)
+
+
+class AsyncIdempotency:
+    """Idempotency over a psycopg_pool.AsyncConnectionPool (or one
+    psycopg.AsyncConnection): handlers are coroutines that get an
+    AsyncClaim."""
+
+    def __init__(self, pool, replay_ok=False, ttl=None):
+        self.pool = pool
+        self._source = _source(pool)
+        self.replay_ok = replay_ok
+        self.ttl = ttl
+
+    async def handle(self, method, path, key, body, user, handler, lease=None, trace=None):
+        """See Idempotency.handle; handler(claim) is awaited."""
+        prob, request, trace = _core.check_http(key, body, trace)
+        if prob is not None:
+            prob.outcome = "refused"
+            return prob
+        return await self.run(key, request, _core.http_scope(user, method, path), handler,
+                              lease=lease, trace=trace)
+
+    async def run(self, key, request, scope, handler, lease=None, trace=None, raise_errors=False):
+        """See Idempotency.run; handler(claim) is awaited."""
+        source = self._source
+        conn = await source.getconn()
+        try:
+            cur = await conn.execute(_core.ACQUIRE, (key, request, scope, self.ttl or None, lease or None, trace))
+            row = Acquired(await cur.fetchone())
+            if row.outcome != "acquired" or lease:
+                await conn.commit()
+        except psycopg.Error as err:
+            await conn.rollback()
+            await source.putconn(conn)
+            if raise_errors:
+                raise
+            return _core.db_problem(err)
+        except BaseException:
+            await conn.rollback()
+            await source.putconn(conn)
+            raise
+        if row.outcome != "acquired" or lease:
+            await source.putconn(conn)
+            conn = None
+        if row.outcome != "acquired":
+            return _core.duplicate(row, key, scope, trace, self.replay_ok)
+
+        claim = AsyncClaim(source, key, scope, lease, conn=conn, claim=row.claim,
+                           resumed=(row.phase, row.state) if row.phase is not None else None)
+        try:
+            resp = await handler(claim)
+        except Exception as err:  # noqa: BLE001 -- answered 500, nothing stored
+            await self._failed(claim)
+            if raise_errors:
+                raise
+            return _core.error_problem(err)
+        except BaseException:
+            await claim._end(commit=False)
+            raise
+        if not claim.released:
+            try:
+                body, headers = _core.completion(resp)
+            except ValueError:
+                await self._failed(claim)
+                if raise_errors:
+                    raise
+                return _core.not_json()
+        if claim.released:
+            try:
+                await claim._end(commit=True)
+            except psycopg.Error as err:
+                if raise_errors:
+                    raise
+                return _core.db_problem(err)
+            resp.outcome = "released"
+            return resp
+        try:
+            tx = await claim.tx
+            cur = await tx.execute(_core.COMPLETE, {
+                "key": key, "status": resp.status, "body": body, "scope": scope, "claim": claim.claim,
+                "headers": headers})
+            _done, canonical = await cur.fetchone()
+            await claim._end(commit=True)
+        except psycopg.Error as err:
+            await claim._end(commit=False)
+            if err.sqlstate == "55000":
+                if raise_errors:
+                    raise InProgress(key, 1) from err
+                return _core.claim_lost()
+            if raise_errors:
+                raise
+            return _core.db_problem(err)
+        return _core.first_answer(resp, canonical)
+
+    @staticmethod
+    async def _failed(claim):
+        await claim._end(commit=False)
+        if claim.lease and not claim.released and not claim.checkpointed:
+            with contextlib.suppress(psycopg.Error):
+                await claim.release()
+
+
+async def idempotent_async(conn_or_pool, key, request, fn, scope="", ttl=None, lease=None, trace=None):
+    """idempotent() for asyncio: fn(claim) is a coroutine function, claim an
+    AsyncClaim (`await claim.tx`); conn_or_pool a psycopg.AsyncConnection or
+    a psycopg_pool.AsyncConnectionPool."""
+    text = _core.request_text(request)
+
+    async def handler(claim):
+        return Response(200, json.dumps(await fn(claim)))
+
+    if isinstance(conn_or_pool, psycopg.AsyncConnection):
+        async with _own_transactions(conn_or_pool):
+            resp = await AsyncIdempotency(conn_or_pool, ttl=ttl).run(
+                key, text, scope, handler, lease=lease, trace=trace, raise_errors=True)
+    else:
+        resp = await AsyncIdempotency(conn_or_pool, ttl=ttl).run(
+            key, text, scope, handler, lease=lease, trace=trace, raise_errors=True)
+    return _result(resp, key)
