@@ -23,5 +23,5 @@ if [[ -z ${GOCACHE:-} && ! -d ${HOME:-/nonexistent} ]]; then
 	export GOCACHE=$gopath/cache
 fi
 cd "$gopath/src/example.com/idempotency-gin"
-GO111MODULE=off GOPATH="$gopath:/usr/share/gocode" GOPROXY=off GOFLAGS= \
+GO111MODULE=off GOPATH="$gopath:/usr/share/gocode" GOPROXY=off GOFLAGS='' \
 	go build -o "$out" example.com/idempotency-gin

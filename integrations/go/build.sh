@@ -21,5 +21,5 @@ if [[ -z ${GOCACHE:-} && ! -d ${HOME:-/nonexistent} ]]; then
 	export GOCACHE=$gopath/cache
 fi
 cd "$gopath/src/github.com/idempotency-pg/idempotency-go"
-GO111MODULE=off GOPATH="$gopath:/usr/share/gocode" GOPROXY=off GOFLAGS= \
+GO111MODULE=off GOPATH="$gopath:/usr/share/gocode" GOPROXY=off GOFLAGS='' \
 	go build -o "$out" "$pkg"

@@ -88,7 +88,7 @@ pkg=github.com/idempotency-pg/idempotency-go
 mkdir -p "$gopath/src/github.com/idempotency-pg"
 cp -r "$here" "$gopath/src/$pkg"
 gomode() {
-	(cd "$gopath/src/$pkg" && GO111MODULE=off GOPATH="$gopath:/usr/share/gocode" GOPROXY=off GOFLAGS= "$@")
+	(cd "$gopath/src/$pkg" && GO111MODULE=off GOPATH="$gopath:/usr/share/gocode" GOPROXY=off GOFLAGS='' "$@")
 }
 rc=0
 gomode go vet "$pkg" "$pkg/gin" "$pkg/sample/nethttp" >"$work/vet.out" 2>&1 || rc=$?
@@ -109,7 +109,8 @@ psql=("$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -d postgres)
 "${psql[@]}" -c 'DROP DATABASE IF EXISTS hello' >/dev/null 2>&1 || true
 mkdir -m 700 "$work/home"
 rc=0
-HOME=$work/home PORT=$(free_port) PG_BINDIR=$PG_BINDIR REPO_ROOT=$REPO_ROOT IDEM_TMPDIR=$work \
+export PG_BINDIR REPO_ROOT
+HOME=$work/home PORT=$(free_port) IDEM_TMPDIR=$work \
 	python3 "$REPO_ROOT/scripts/docs_test.py" "$here/README.md" >"$work/readme.out" 2>&1 || rc=$?
 blocks=0
 while IFS= read -r line; do
