@@ -9,8 +9,9 @@
 #   - the package copied into a fresh GOPATH under its import path
 #     (github.com/idempotency-pg/idempotency-go), as README.md tells a
 #     user, then go vet and go build of it, its Gin adapter and the sample
-#     app, and go test (unit tests, no database), GOPATH mode against
-#     /usr/share/gocode, nothing downloaded;
+#     app, and go test (unit tests; the core's against a database of their
+#     own, idem_go_unit), GOPATH mode against /usr/share/gocode, nothing
+#     downloaded;
 #   - README.md's blocks run as written (scripts/docs_test.py, the docs
 #     test's runner: the quick start's database, both programs built, one
 #     request and its replay to each), with HOME a fresh folder, one test
@@ -97,15 +98,37 @@ rc=0
 gomode go build -o "$work/bin/" "$pkg" "$pkg/gin" "$pkg/sample/nethttp" >"$work/build.out" 2>&1 || rc=$?
 [[ -x $work/bin/nethttp ]] || rc=1
 ok "$rc" "go build from a fresh GOPATH (Debian's sources, nothing downloaded)" "$work/build.out"
+# go test: the unit tests, those of the core against a database of their
+# own on the test cluster (IDEM_GO_TEST_DSN), one test a Test function.
+psql=("$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -d postgres)
+unitdb=idem_go_unit
 rc=0
-gomode go test -count=1 "$pkg" "$pkg/gin" >"$work/unit.out" 2>&1 || rc=$?
-ok "$rc" "go test: the unit tests of the package and its Gin adapter" "$work/unit.out"
+{
+	"${psql[@]}" -c "DROP DATABASE IF EXISTS $unitdb" -c "CREATE DATABASE $unitdb" &&
+		"$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -d "$unitdb" -c 'CREATE EXTENSION idempotency'
+} >"$work/unitdb.out" 2>&1 || rc=$?
+ok "$rc" "a database for the unit tests ($unitdb, with the extension)" "$work/unitdb.out"
+rc=0
+IDEM_GO_TEST_DSN="host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=$unitdb" \
+	gomode go test -count=1 -v "$pkg" "$pkg/gin" >"$work/unit.out" 2>&1 || rc=$?
+units=0
+while IFS= read -r line; do
+	if [[ $line =~ ^---\ (PASS|FAIL|SKIP):\ ([A-Za-z0-9_]+) ]]; then
+		units=$((units + 1))
+		st=0
+		[[ ${BASH_REMATCH[1]} == PASS ]] || st=1
+		ok "$st" "go test: ${BASH_REMATCH[2]} (${BASH_REMATCH[1]})"
+	fi
+done <"$work/unit.out"
+if ((rc != 0 || units == 0)); then
+	ok 1 "go test ran and passed (exit $rc)" "$work/unit.out"
+fi
+"${psql[@]}" -c "DROP DATABASE IF EXISTS $unitdb" >/dev/null 2>&1 || true
 
 # README.md as written, by the docs test's own runner: its sql blocks as
 # the postgres role (from /), its shell blocks as root in the clone's
 # root, with a fresh HOME (the quick start's ~/go).  The database hello is
 # the quick start's; made afresh.
-psql=("$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -d postgres)
 "${psql[@]}" -c 'DROP DATABASE IF EXISTS hello' >/dev/null 2>&1 || true
 mkdir -m 700 "$work/home"
 rc=0

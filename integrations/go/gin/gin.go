@@ -76,7 +76,8 @@ func Middleware(pool *pgxpool.Pool, opts ...idempotency.Option) gin.HandlerFunc 
 		h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			nextRan = true
 			c.Request = r // its context carries the claim
-			if w != http.ResponseWriter(orig) {
+			if idempotency.Key(r.Context()) != "" {
+				// claimed: the answer is held back by the core's writer
 				c.Writer = &heldWriter{ResponseWriter: orig, w: w, status: http.StatusOK}
 			}
 			defer func() { c.Writer = orig }()
