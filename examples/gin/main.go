@@ -1,6 +1,8 @@
 // Command idempotency-gin is the seed article's payment and stock-deduction
 // API, made exactly-once by the idempotency middleware over the PostgreSQL
-// extension. Tables: ../schema.sql.
+// extension (the package github.com/idempotency-pg/idempotency-go, in
+// integrations/go of this repository, and its Gin adapter .../gin).
+// Tables: ../schema.sql.
 //
 //	idempotency-gin -listen 127.0.0.1:8080 -dsn 'dbname=shop'
 //
@@ -34,7 +36,8 @@ import (
 	"github.com/jackc/pgx/v4"
 	"github.com/jackc/pgx/v4/pgxpool"
 
-	"example.com/idempotency-gin/idempotency"
+	idempotency "github.com/idempotency-pg/idempotency-go"
+	idemgin "github.com/idempotency-pg/idempotency-go/gin"
 )
 
 func main() {
@@ -67,7 +70,7 @@ func main() {
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.Use(gin.Recovery(), authenticate)
-	r.Use(idempotency.Middleware(pool, opts...))
+	r.Use(idemgin.Middleware(pool, opts...))
 
 	r.GET("/health", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	r.GET("/metrics", func(c *gin.Context) { c.String(http.StatusOK, "# no metrics in this example\n") })
@@ -95,7 +98,7 @@ func authenticate(c *gin.Context) {
 		c.Abort()
 		return
 	}
-	c.Set(idempotency.UserKey, user)
+	c.Set(idemgin.UserKey, user)
 }
 
 type app struct {
@@ -144,16 +147,16 @@ func (a *app) createPayment(c *gin.Context) {
 		req.Currency = "EUR"
 	}
 	ctx := c.Request.Context()
-	tx, err := idempotency.Tx(c)
+	tx, err := idemgin.Tx(c)
 	if err != nil {
 		dbError(c, err)
 		return
 	}
-	user := c.GetString(idempotency.UserKey)
+	user := c.GetString(idemgin.UserKey)
 	// Every run of the handler leaves an attempt (committed with the
 	// answer), so that the tests can count runs.
 	if _, err := tx.Exec(ctx, `INSERT INTO shop.payment_attempts (idempotency_key, user_id, source)
-	                           VALUES ($1, $2, $3)`, idempotency.Key(c), user, req.Source); err != nil {
+	                           VALUES ($1, $2, $3)`, idemgin.Key(c), user, req.Source); err != nil {
 		dbError(c, err)
 		return
 	}
@@ -162,7 +165,7 @@ func (a *app) createPayment(c *gin.Context) {
 		fail(c, http.StatusInternalServerError, "processor-error", "the payment processor failed")
 		return
 	case "tok_retry":
-		if err := idempotency.Release(c); err != nil {
+		if err := idemgin.Release(c); err != nil {
 			dbError(c, err)
 			return
 		}
@@ -173,7 +176,7 @@ func (a *app) createPayment(c *gin.Context) {
 	var id int64
 	err = tx.QueryRow(ctx, `INSERT INTO shop.payments (idempotency_key, user_id, order_id, amount, currency)
 	                        VALUES ($1, $2, $3, $4, $5) RETURNING id`,
-		idempotency.Key(c), user, req.OrderID, req.Amount, req.Currency).Scan(&id)
+		idemgin.Key(c), user, req.OrderID, req.Amount, req.Currency).Scan(&id)
 	if err != nil {
 		dbError(c, err)
 		return
@@ -193,7 +196,7 @@ func (a *app) getPayment(c *gin.Context) {
 	var amount int64
 	err := a.pool.QueryRow(c.Request.Context(),
 		`SELECT order_id, amount, currency FROM shop.payments WHERE id = $1 AND user_id = $2`,
-		c.Param("id"), c.GetString(idempotency.UserKey)).Scan(&orderID, &amount, &currency)
+		c.Param("id"), c.GetString(idemgin.UserKey)).Scan(&orderID, &amount, &currency)
 	if errors.Is(err, pgx.ErrNoRows) {
 		fail(c, http.StatusNotFound, "not-found", "no such payment")
 		return
@@ -220,7 +223,7 @@ func (a *app) createOrder(c *gin.Context) {
 		return
 	}
 	ctx := c.Request.Context()
-	tx, err := idempotency.Tx(c)
+	tx, err := idemgin.Tx(c)
 	if err != nil {
 		dbError(c, err)
 		return
@@ -239,7 +242,7 @@ func (a *app) createOrder(c *gin.Context) {
 	var id int64
 	err = tx.QueryRow(ctx, `INSERT INTO shop.stock_moves (idempotency_key, user_id, sku, quantity)
 	                        VALUES ($1, $2, $3, $4) RETURNING id`,
-		idempotency.Key(c), c.GetString(idempotency.UserKey), req.SKU, -req.Quantity).Scan(&id)
+		idemgin.Key(c), c.GetString(idemgin.UserKey), req.SKU, -req.Quantity).Scan(&id)
 	if err != nil {
 		dbError(c, err)
 		return
@@ -272,7 +275,7 @@ func (a *app) createCharge(c *gin.Context) {
 		return
 	}
 	var ref string
-	if phase, state, ok := idempotency.Resumed(c); ok && phase == "charged" {
+	if phase, state, ok := idemgin.Resumed(c); ok && phase == "charged" {
 		var cs chargeState
 		if err := json.Unmarshal(state, &cs); err != nil || cs.ChargeID == "" {
 			dbError(c, fmt.Errorf("checkpoint charged without a charge id: %s", state))
@@ -280,15 +283,15 @@ func (a *app) createCharge(c *gin.Context) {
 		}
 		ref = cs.ChargeID
 	} else {
-		stop := idempotency.KeepAlive(c)
-		r, err := a.callProvider(c.Request.Context(), idempotency.Key(c), req.Amount, time.Duration(req.DelayMS)*time.Millisecond)
+		stop := idemgin.KeepAlive(c)
+		r, err := a.callProvider(c.Request.Context(), idemgin.Key(c), req.Amount, time.Duration(req.DelayMS)*time.Millisecond)
 		stop()
 		if err != nil {
 			dbError(c, err)
 			return
 		}
 		ref = r
-		if err := idempotency.Checkpoint(c, "charged", chargeState{ChargeID: ref}); err != nil {
+		if err := idemgin.Checkpoint(c, "charged", chargeState{ChargeID: ref}); err != nil {
 			dbError(c, err)
 			return
 		}
@@ -297,7 +300,7 @@ func (a *app) createCharge(c *gin.Context) {
 		}
 	}
 	ctx := c.Request.Context()
-	tx, err := idempotency.Tx(c)
+	tx, err := idemgin.Tx(c)
 	if err != nil {
 		dbError(c, err)
 		return
@@ -305,7 +308,7 @@ func (a *app) createCharge(c *gin.Context) {
 	var id int64
 	err = tx.QueryRow(ctx, `INSERT INTO shop.charges (idempotency_key, user_id, order_id, amount, provider_ref)
 	                        VALUES ($1, $2, $3, $4, $5) RETURNING id`,
-		idempotency.Key(c), c.GetString(idempotency.UserKey), req.OrderID, req.Amount, ref).Scan(&id)
+		idemgin.Key(c), c.GetString(idemgin.UserKey), req.OrderID, req.Amount, ref).Scan(&id)
 	if err != nil {
 		dbError(c, err)
 		return

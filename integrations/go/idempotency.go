@@ -1,19 +1,23 @@
-// Package idempotency is a Gin middleware that makes write endpoints
+// Package idempotency makes write endpoints of a net/http server
 // exactly-once over the idempotency PostgreSQL extension.
 //
-//	r.Use(idempotency.Middleware(pool))
+//	import idempotency "github.com/idempotency-pg/idempotency-go"
+//
+//	h := idempotency.Middleware(pool)(mux) // func(http.Handler) http.Handler
+//
+// (Gin: the subpackage github.com/idempotency-pg/idempotency-go/gin.)
 //
 // For every request that is not skipped (GET, HEAD, OPTIONS, /health,
-// /metrics, unrouted paths) it reads the Idempotency-Key header and the JSON
-// body, and:
+// /metrics, SkipPaths, requests whose Route is "") it reads the
+// Idempotency-Key header and the JSON body, and:
 //
 //   - opens one transaction and calls idempotency.idem_acquire(key, body,
-//     scope) in it, the scope being the authenticated user and the route;
+//     scope) in it, the scope being the authenticated user and the path;
 //   - acquired: runs the handler, which does its writes in the same
-//     transaction (Tx), then stores the handler's status and body with
-//     idempotency.idem_complete and commits: the claim, the business writes
-//     and the stored response commit or roll back together. The response is
-//     held back until the commit has succeeded;
+//     transaction (Tx(r.Context())), then stores the handler's status and
+//     body with idempotency.idem_complete and commits: the claim, the
+//     business writes and the stored response commit or roll back
+//     together. The response is held back until the commit has succeeded;
 //   - replay: answers the stored status, body and headers (those of
 //     ReplayedHeaders that the first answer had), with Idempotent-Replayed:
 //     true, without running the handler;
@@ -32,16 +36,18 @@
 // writes and the stored response commit in a second transaction, fenced by
 // the claim (idem_complete(..., claim)).
 //
-// Handlers answer with JSON (c.JSON). A response is stored, whatever its
-// status (a 4xx or 5xx is replayed too), unless the handler calls Release
-// (the claim is given up: the retry runs again) or records an error with
-// c.Error (the transaction is rolled back: nothing is stored, the retry runs
-// again).
+// Handlers answer JSON. A response is stored, whatever its status (a 4xx or
+// 5xx is replayed too), unless the handler calls Release (the claim is given
+// up: the retry runs again) or Fail (the transaction is rolled back: nothing
+// is stored, the retry runs again).
 //
 // A handler that calls out in several steps records each step done with
 // Checkpoint; when its worker dies, the retry that takes the claim over
 // finds the last checkpoint with Resumed and carries on from there instead
 // of repeating the step.
+//
+// Every function that a handler calls takes the request's context
+// (r.Context()), which carries the claim.
 package idempotency
 
 import (
@@ -51,6 +57,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"math"
@@ -60,7 +67,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gin-gonic/gin"
 	"github.com/jackc/pgconn"
 	"github.com/jackc/pgx/v4"
 	"github.com/jackc/pgx/v4/pgxpool"
@@ -86,10 +92,6 @@ const (
 // spelled here. Others (Date, Retry-After, cookies) are not replayed.
 var ReplayedHeaders = []string{"Location", "ETag", "Content-Type", "Content-Location"}
 
-// UserKey is the gin context key under which the authentication middleware
-// is expected to have put the user's id (see User to read it elsewhere).
-const UserKey = "user"
-
 // ProblemTypeBase prefixes the "type" of the problem+json bodies (RFC 9457)
 // that the middleware answers; point it at your own documentation.
 var ProblemTypeBase = "https://example.com/problems/"
@@ -99,14 +101,34 @@ var ProblemTypeBase = "https://example.com/problems/"
 // completion short once the handler has done its work.
 const dbTimeout = 30 * time.Second
 
-const stateKey = "idempotency.state"
+type ctxKey int
+
+const (
+	stateKey ctxKey = iota // the claim of the request (*state)
+	userKey                // the user that ContextWithUser set
+)
+
+// ContextWithUser returns ctx carrying the authenticated user's id: the
+// authentication middleware, in front of this one, calls it (r =
+// r.WithContext(idempotency.ContextWithUser(r.Context(), id))). The user
+// goes into the scope, so that two users' equal keys never meet.
+func ContextWithUser(ctx context.Context, user string) context.Context {
+	return context.WithValue(ctx, userKey, user)
+}
+
+// UserFromContext is the user that ContextWithUser set, or "".
+func UserFromContext(ctx context.Context) string {
+	u, _ := ctx.Value(userKey).(string)
+	return u
+}
 
 // Option changes a Middleware's defaults.
 type Option func(*config)
 
 type config struct {
 	skip     map[string]bool
-	user     func(*gin.Context) string
+	user     func(*http.Request) string
+	route    func(*http.Request) string
 	replayOK bool
 	ttl      time.Duration
 	leases   map[string]time.Duration
@@ -122,11 +144,28 @@ func SkipPaths(paths ...string) Option {
 	}
 }
 
-// User sets how the authenticated user is found (default: the string that
-// the authentication middleware stored under UserKey). It goes into the
-// scope, so that two users' equal keys never meet.
-func User(f func(*gin.Context) string) Option {
+// User sets how the authenticated user is found (default: the one that
+// ContextWithUser put in the request's context; "anonymous" if none). It
+// goes into the scope, so that two users' equal keys never meet.
+func User(f func(*http.Request) string) Option {
 	return func(cfg *config) { cfg.user = f }
+}
+
+// Route sets how a request's route is found, as Lease names it (default:
+// the URL's path). A request whose route is "" (not routed: it would be
+// answered 404) is passed through untouched. ServeMuxRoute is the route
+// of a ServeMux; the Gin adapter uses Gin's route.
+func Route(f func(*http.Request) string) Option {
+	return func(cfg *config) { cfg.route = f }
+}
+
+// ServeMuxRoute is Route with the pattern that mux routes the request to
+// ("/api/charges", "/api/payments/"), "" where mux has none.
+func ServeMuxRoute(mux *http.ServeMux) Option {
+	return Route(func(r *http.Request) string {
+		_, pattern := mux.Handler(r)
+		return pattern
+	})
 }
 
 // ReplayAsOK is the seed article's rule: a replay of a stored 2xx response
@@ -142,7 +181,8 @@ func TTL(ttl time.Duration) Option {
 	return func(cfg *config) { cfg.ttl = ttl }
 }
 
-// Lease makes the route (as registered: "/api/charges", "/users/:id/pay")
+// Lease makes the route (as Route finds it: the path by default, the
+// pattern with ServeMuxRoute, Gin's "/users/:id/pay" with the Gin adapter)
 // claim across transactions, with this lease, for a handler that calls an
 // outside service.
 func Lease(method, route string, lease time.Duration) Option {
@@ -164,56 +204,70 @@ type state struct {
 	mu           sync.Mutex // serializes the handler and a KeepAlive goroutine
 	tx           pgx.Tx
 	released     bool
-	checkpointed bool // a checkpoint was committed: a failure leaves the claim to its lease
+	failed       error // Fail's: roll back, store nothing
+	checkpointed bool  // a checkpoint was committed: a failure leaves the claim to its lease
 }
 
-// Middleware returns the idempotency middleware over pool.
-func Middleware(pool *pgxpool.Pool, opts ...Option) gin.HandlerFunc {
+// Middleware returns the idempotency middleware over pool, for net/http:
+// Middleware(pool, opts...)(handler) is handler made exactly-once.
+func Middleware(pool *pgxpool.Pool, opts ...Option) func(http.Handler) http.Handler {
 	cfg := &config{
 		skip:   map[string]bool{"/health": true, "/metrics": true},
-		user:   func(c *gin.Context) string { return c.GetString(UserKey) },
+		user:   func(r *http.Request) string { return UserFromContext(r.Context()) },
+		route:  func(r *http.Request) string { return r.URL.Path },
 		leases: map[string]time.Duration{},
 	}
 	for _, o := range opts {
 		o(cfg)
 	}
-	return func(c *gin.Context) {
-		switch c.Request.Method {
-		case http.MethodGet, http.MethodHead, http.MethodOptions:
-			c.Next()
-			return
-		}
-		if cfg.skip[c.Request.URL.Path] || c.FullPath() == "" {
-			c.Next()
-			return
-		}
-		cfg.handle(c, pool)
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.Method {
+			case http.MethodGet, http.MethodHead, http.MethodOptions:
+				next.ServeHTTP(w, r)
+				return
+			}
+			if cfg.skip[r.URL.Path] {
+				next.ServeHTTP(w, r)
+				return
+			}
+			route := cfg.route(r)
+			if route == "" {
+				next.ServeHTTP(w, r)
+				return
+			}
+			cfg.handle(w, r, next, pool, route)
+		})
 	}
 }
 
-func (cfg *config) handle(c *gin.Context, pool *pgxpool.Pool) {
-	key := c.GetHeader(HeaderKey)
+func (cfg *config) handle(w http.ResponseWriter, r *http.Request, next http.Handler, pool *pgxpool.Pool, route string) {
+	key := r.Header.Get(HeaderKey)
 	if key == "" {
-		problem(c, http.StatusBadRequest, "idempotency-key-missing",
+		problem(w, http.StatusBadRequest, "idempotency-key-missing",
 			"Idempotency-Key header missing",
 			"This operation is idempotent: send an Idempotency-Key header (a UUID that you send again when you retry).")
 		return
 	}
 	if len(key) > 255 {
-		problem(c, http.StatusBadRequest, "idempotency-key-invalid",
+		problem(w, http.StatusBadRequest, "idempotency-key-invalid",
 			"Idempotency-Key header too long", "The key is at most 255 bytes long.")
 		return
 	}
-	body, err := io.ReadAll(c.Request.Body)
-	if err != nil {
-		problem(c, http.StatusBadRequest, "body-unreadable", "Request body unreadable", err.Error())
-		return
+	var body []byte
+	if r.Body != nil {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			problem(w, http.StatusBadRequest, "body-unreadable", "Request body unreadable", err.Error())
+			return
+		}
+		body = b
 	}
-	c.Request.Body = io.NopCloser(bytes.NewReader(body))
+	r.Body = io.NopCloser(bytes.NewReader(body))
 	request := "null" // an empty body: compared as JSON null
 	if len(bytes.TrimSpace(body)) > 0 {
 		if !json.Valid(body) {
-			problem(c, http.StatusBadRequest, "body-not-json", "Request body is not JSON",
+			problem(w, http.StatusBadRequest, "body-not-json", "Request body is not JSON",
 				"The request body is compared with the first request's as JSON.")
 			return
 		}
@@ -223,18 +277,18 @@ func (cfg *config) handle(c *gin.Context, pool *pgxpool.Pool) {
 	// The trace is for linking duplicates to the first request: one too
 	// long to store (255 bytes) is not passed on rather than refused.
 	var trace *string
-	if tp := c.GetHeader(HeaderTrace); tp != "" && len(tp) <= 255 {
+	if tp := r.Header.Get(HeaderTrace); tp != "" && len(tp) <= 255 {
 		trace = &tp
 	}
 
-	st := &state{pool: pool, key: key, scope: cfg.scope(c)}
+	st := &state{pool: pool, key: key, scope: cfg.scope(r)}
 	st.ctx, st.cancel = context.WithTimeout(context.Background(), dbTimeout)
 	defer st.cancel()
-	st.lease = cfg.leases[c.Request.Method+" "+c.FullPath()]
+	st.lease = cfg.leases[r.Method+" "+route]
 
 	tx, err := pool.Begin(st.ctx)
 	if err != nil {
-		dbProblem(c, err)
+		dbProblem(w, err)
 		return
 	}
 	var (
@@ -257,7 +311,7 @@ func (cfg *config) handle(c *gin.Context, pool *pgxpool.Pool) {
 		Scan(&outcome, &status, &stored, &retryAfter, &claim, &st.phase, &st.pstate, &headers, &originTrace)
 	if err != nil {
 		_ = tx.Rollback(st.ctx)
-		dbProblem(c, err)
+		dbProblem(w, err)
 		return
 	}
 
@@ -267,7 +321,7 @@ func (cfg *config) handle(c *gin.Context, pool *pgxpool.Pool) {
 		log.Printf("idempotency: %s, key %q scope %q: traceparent %s, first request's %s",
 			outcome, key, st.scope, orDash(trace), orDash(originTrace))
 		if originTrace != nil {
-			c.Header(HeaderOriginTrace, *originTrace)
+			w.Header().Set(HeaderOriginTrace, *originTrace)
 		}
 	}
 
@@ -288,17 +342,16 @@ func (cfg *config) handle(c *gin.Context, pool *pgxpool.Pool) {
 						ct = v
 						continue
 					}
-					c.Writer.Header()[spelling(name)] = []string{v}
+					w.Header()[spelling(name)] = []string{v}
 				}
 			}
 		}
-		c.Header(HeaderReplayed, "true")
-		respond(c, code, stored, ct)
-		c.Abort()
+		w.Header().Set(HeaderReplayed, "true")
+		respond(w, code, stored, ct)
 		return
 	case "mismatch":
 		_ = tx.Rollback(st.ctx)
-		problem(c, http.StatusUnprocessableEntity, "idempotency-key-reused",
+		problem(w, http.StatusUnprocessableEntity, "idempotency-key-reused",
 			"Idempotency-Key already used for another request",
 			"This key was sent before with a different request body; use a new key for a new request.")
 		return
@@ -308,10 +361,15 @@ func (cfg *config) handle(c *gin.Context, pool *pgxpool.Pool) {
 		if retryAfter != nil && *retryAfter > 0 {
 			wait = int(*retryAfter)
 		}
-		c.Header("Retry-After", strconv.Itoa(wait))
-		problem(c, http.StatusConflict, "request-in-progress",
+		w.Header().Set("Retry-After", strconv.Itoa(wait))
+		problem(w, http.StatusConflict, "request-in-progress",
 			"A request with this Idempotency-Key is being processed",
 			"Send the same request again after "+strconv.Itoa(wait)+" second(s).")
+		return
+	case "acquired":
+	default:
+		_ = tx.Rollback(st.ctx)
+		dbProblem(w, fmt.Errorf("idem_acquire answered the unknown outcome %q", outcome))
 		return
 	}
 
@@ -320,40 +378,35 @@ func (cfg *config) handle(c *gin.Context, pool *pgxpool.Pool) {
 		// Commit the claim now: it is visible as processing, protected by
 		// its lease, while the handler calls out.
 		if err := tx.Commit(st.ctx); err != nil {
-			dbProblem(c, err)
+			dbProblem(w, err)
 			return
 		}
 	} else {
 		st.tx = tx
 	}
 	st.claim = claim
-	c.Set(stateKey, st)
 
-	orig := c.Writer
-	w := &holdWriter{ResponseWriter: orig, status: http.StatusOK}
-	c.Writer = w
+	hw := &holdWriter{header: w.Header(), status: http.StatusOK}
 	func() {
 		defer func() {
-			if r := recover(); r != nil {
+			if p := recover(); p != nil {
 				// Nothing stored; in lease mode the claim is left to its
 				// lease (a retry takes it over once it runs out).
 				st.rollback()
-				c.Writer = orig
-				panic(r)
+				panic(p)
 			}
 		}()
-		c.Next()
+		next.ServeHTTP(hw, r.WithContext(context.WithValue(r.Context(), stateKey, st)))
 	}()
-	c.Writer = orig
-	st.finish(c, w)
+	st.finish(w, hw)
 }
 
 // finish stores the handler's response and commits, then sends it; or,
-// after Release or c.Error, sends it without storing it.
-func (st *state) finish(c *gin.Context, w *holdWriter) {
+// after Release or Fail, sends it without storing it.
+func (st *state) finish(w http.ResponseWriter, hw *holdWriter) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if len(c.Errors) > 0 {
+	if st.failed != nil {
 		st.rollbackLocked()
 		if st.lease > 0 && !st.released && !st.checkpointed {
 			// The outside call may have happened: give the claim up so
@@ -362,41 +415,42 @@ func (st *state) finish(c *gin.Context, w *holdWriter) {
 			_, _ = st.pool.Exec(st.ctx, `SELECT idempotency.idem_release(key => $1, scope => $2, claim => $3::uuid)`,
 				st.key, st.scope, st.claim)
 		}
-		w.flush(c)
+		hw.flush(w)
 		return
 	}
 	if st.released {
 		if st.tx != nil {
 			if err := st.tx.Commit(st.ctx); err != nil {
 				st.tx = nil
-				dbProblem(c, err)
+				dropReplayed(w)
+				dbProblem(w, err)
 				return
 			}
 			st.tx = nil
 		}
-		w.flush(c)
+		hw.flush(w)
 		return
 	}
 
 	var body *string
 	ct := ""
-	if w.body.Len() > 0 {
-		if !json.Valid(w.body.Bytes()) {
+	if hw.body.Len() > 0 {
+		if !json.Valid(hw.body.Bytes()) {
 			st.rollbackLocked()
-			dropReplayed(c)
-			problem(c, http.StatusInternalServerError, "response-not-json", "Handler answered non-JSON",
+			dropReplayed(w)
+			problem(w, http.StatusInternalServerError, "response-not-json", "Handler answered non-JSON",
 				"The idempotency middleware stores JSON responses only.")
 			return
 		}
-		s := w.body.String()
+		s := hw.body.String()
 		body = &s
-		ct = contentType(w.status)
+		ct = contentType(hw.status)
 	}
 	// The headers to replay: those of ReplayedHeaders that this answer has
 	// (its Content-Type as it goes out).
 	replayed := map[string]string{}
 	for _, name := range ReplayedHeaders {
-		if v := c.Writer.Header().Get(name); v != "" {
+		if v := w.Header().Get(name); v != "" {
 			replayed[name] = v
 		}
 	}
@@ -412,8 +466,8 @@ func (st *state) finish(c *gin.Context, w *holdWriter) {
 	}
 	tx, err := st.txLocked()
 	if err != nil {
-		dropReplayed(c)
-		dbProblem(c, err)
+		dropReplayed(w)
+		dbProblem(w, err)
 		return
 	}
 	// The body goes out as the database stores it (jsonb's text), so that
@@ -424,7 +478,7 @@ func (st *state) finish(c *gin.Context, w *holdWriter) {
 		SELECT idempotency.idem_complete(key => $1, response_status => $2, response_body => $3::jsonb,
 		                                 scope => $4, claim => $5::uuid, response_headers => $6::jsonb),
 		       $3::jsonb::text`,
-		st.key, w.status, body, st.scope, st.claim, headers).Scan(&done, &canonical)
+		st.key, hw.status, body, st.scope, st.claim, headers).Scan(&done, &canonical)
 	if err == nil {
 		err = tx.Commit(st.ctx)
 	} else {
@@ -432,28 +486,28 @@ func (st *state) finish(c *gin.Context, w *holdWriter) {
 	}
 	st.tx = nil
 	if err != nil {
-		dropReplayed(c) // not the answer they were set for
+		dropReplayed(w) // not the answer they were set for
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "55000" {
 			// Lease mode: the lease ran out and another request took the
 			// claim over; its answer is the one that counts.
-			c.Header("Retry-After", "1")
-			problem(c, http.StatusConflict, "idempotency-claim-lost",
+			w.Header().Set("Retry-After", "1")
+			problem(w, http.StatusConflict, "idempotency-claim-lost",
 				"This request's claim was taken over",
 				"It took longer than its lease; send the same request again to get the stored answer.")
 			return
 		}
-		dbProblem(c, err)
+		dbProblem(w, err)
 		return
 	}
-	respond(c, w.status, canonical, ct)
+	respond(w, hw.status, canonical, ct)
 }
 
 // Resumed is the last checkpoint of the claim that this request took over
 // (idem_acquire's phase and state after a takeover): ok is false for a new
 // key, and when the worker before it recorded none.
-func Resumed(c *gin.Context) (phase string, st json.RawMessage, ok bool) {
-	s, err := get(c)
+func Resumed(ctx context.Context) (phase string, st json.RawMessage, ok bool) {
+	s, err := get(ctx)
 	if err != nil || s.phase == nil {
 		return "", nil, false
 	}
@@ -468,10 +522,10 @@ func Resumed(c *gin.Context) (phase string, st json.RawMessage, ok bool) {
 // the next attempt needs to carry on. In the request's transaction when
 // one is open (it commits or rolls back with the handler's writes), else,
 // in lease mode before Tx, committed at once. Once a checkpoint is
-// committed, a handler that fails (c.Error) leaves the claim to its lease
+// committed, a handler that fails (Fail) leaves the claim to its lease
 // instead of releasing it: the retry that takes it over resumes.
-func Checkpoint(c *gin.Context, phase string, state interface{}) error {
-	s, err := get(c)
+func Checkpoint(ctx context.Context, phase string, state interface{}) error {
+	s, err := get(ctx)
 	if err != nil {
 		return err
 	}
@@ -502,8 +556,8 @@ func Checkpoint(c *gin.Context, phase string, state interface{}) error {
 // Tx is the request's transaction: the handler's writes go in it, and commit
 // with the stored response. In lease mode it is begun at the first call:
 // call it after the outside call, not before.
-func Tx(c *gin.Context) (pgx.Tx, error) {
-	st, err := get(c)
+func Tx(ctx context.Context) (pgx.Tx, error) {
+	st, err := get(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -513,20 +567,37 @@ func Tx(c *gin.Context) (pgx.Tx, error) {
 }
 
 // Key is the request's Idempotency-Key (to pass on to an outside service
-// that deduplicates, or to keep beside the business row).
-func Key(c *gin.Context) string {
-	if st, err := get(c); err == nil {
+// that deduplicates, or to keep beside the business row); "" outside a
+// claimed request.
+func Key(ctx context.Context) string {
+	if st, err := get(ctx); err == nil {
 		return st.key
 	}
 	return ""
+}
+
+// Fail marks the request failed (err, not nil, says why): the transaction
+// is rolled back and nothing is stored, the answer goes out as the handler
+// makes it, and the retry runs the handler again. For database errors. In
+// lease mode the claim is given up too, unless a checkpoint was committed
+// (the claim is then left to its lease, for the retry to resume).
+func Fail(ctx context.Context, err error) {
+	if err == nil {
+		err = errors.New("idempotency: Fail")
+	}
+	if st, e := get(ctx); e == nil {
+		st.mu.Lock()
+		st.failed = err
+		st.mu.Unlock()
+	}
 }
 
 // Release gives the claim up with idempotency.idem_release: the response is
 // not stored, and the next request with this key runs the handler again.
 // For a failure worth retrying (an outside service that is down). In
 // one-transaction mode the release and the handler's writes commit together.
-func Release(c *gin.Context) error {
-	st, err := get(c)
+func Release(ctx context.Context) error {
+	st, err := get(ctx)
 	if err != nil {
 		return err
 	}
@@ -548,8 +619,8 @@ func Release(c *gin.Context) error {
 
 // Extend pushes the lease out (idempotency.idem_extend) to now + the route's
 // lease, while a slow outside call runs; a no-op in one-transaction mode.
-func Extend(c *gin.Context) error {
-	st, err := get(c)
+func Extend(ctx context.Context) error {
+	st, err := get(ctx)
 	if err != nil {
 		return err
 	}
@@ -558,8 +629,8 @@ func Extend(c *gin.Context) error {
 
 // KeepAlive calls Extend every third of the lease until the returned
 // function is called.
-func KeepAlive(c *gin.Context) (stop func()) {
-	st, err := get(c)
+func KeepAlive(ctx context.Context) (stop func()) {
+	st, err := get(ctx)
 	if err != nil || st.lease == 0 {
 		return func() {}
 	}
@@ -624,23 +695,30 @@ func (st *state) rollbackLocked() {
 	}
 }
 
-func get(c *gin.Context) (*state, error) {
-	v, ok := c.Get(stateKey)
-	if !ok {
-		return nil, errors.New("idempotency: no claim for this request (route skipped by the middleware?)")
+// errNoClaim is what the handler functions answer for a request that the
+// middleware did not claim.
+var errNoClaim = errors.New("idempotency: no claim for this request (route skipped by the middleware, or not the request's context?)")
+
+func get(ctx context.Context) (*state, error) {
+	if ctx == nil {
+		return nil, errNoClaim
 	}
-	return v.(*state), nil
+	st, ok := ctx.Value(stateKey).(*state)
+	if !ok {
+		return nil, errNoClaim
+	}
+	return st, nil
 }
 
-// scope is the authenticated user and the route (method and path, so that
-// /orders/7/pay and /orders/8/pay never share a key), hashed when it would
-// be longer than the 255 bytes a scope may have.
-func (cfg *config) scope(c *gin.Context) string {
-	user := cfg.user(c)
+// scope is the authenticated user and the request (method and path, so
+// that /orders/7/pay and /orders/8/pay never share a key), hashed when it
+// would be longer than the 255 bytes a scope may have.
+func (cfg *config) scope(r *http.Request) string {
+	user := cfg.user(r)
 	if user == "" {
 		user = "anonymous"
 	}
-	s := "user:" + user + " " + c.Request.Method + " " + c.Request.URL.Path
+	s := "user:" + user + " " + r.Method + " " + r.URL.Path
 	if len(s) > 255 {
 		sum := sha256.Sum256([]byte(s))
 		s = "sha256:" + hex.EncodeToString(sum[:])
@@ -669,19 +747,18 @@ func contentType(status int) string {
 
 // respond sends status and body, as Content-Type ct (empty:
 // contentType(status)).
-func respond(c *gin.Context, status int, body *string, ct string) {
+func respond(w http.ResponseWriter, status int, body *string, ct string) {
 	if body == nil {
-		c.Writer.Header().Del("Content-Type")
-		c.Status(status)
-		c.Writer.WriteHeaderNow()
+		w.Header().Del("Content-Type")
+		w.WriteHeader(status)
 		return
 	}
 	if ct == "" {
 		ct = contentType(status)
 	}
-	c.Header("Content-Type", ct)
-	c.Status(status)
-	_, _ = c.Writer.WriteString(*body)
+	w.Header().Set("Content-Type", ct)
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, *body)
 }
 
 // spelling is a stored (lower-case) header name as ReplayedHeaders spell
@@ -697,9 +774,9 @@ func spelling(name string) string {
 
 // dropReplayed removes the handler's replayable headers from an answer
 // that is not the handler's (the middleware's own problem instead).
-func dropReplayed(c *gin.Context) {
+func dropReplayed(w http.ResponseWriter) {
 	for _, name := range ReplayedHeaders {
-		c.Writer.Header().Del(name)
+		w.Header().Del(name)
 	}
 }
 
@@ -712,46 +789,46 @@ func orDash(s *string) string {
 
 // problem answers an RFC 9457 problem+json body; such answers are never
 // stored.
-func problem(c *gin.Context, status int, typ, title, detail string) {
+func problem(w http.ResponseWriter, status int, typ, title, detail string) {
 	b, _ := json.Marshal(map[string]interface{}{
 		"type":   ProblemTypeBase + typ,
 		"title":  title,
 		"status": status,
 		"detail": detail,
 	})
-	c.Header("Content-Type", "application/problem+json")
-	c.Status(status)
-	_, _ = c.Writer.Write(b)
-	c.Abort()
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
 }
 
 // dbProblem answers a database error: 503 with Retry-After for the errors
 // that a retry cures (serialization failure, deadlock, lock timeout, too
 // many connections), 400 for data the database refused, else 500.
-func dbProblem(c *gin.Context, err error) {
+func dbProblem(w http.ResponseWriter, err error) {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
-		case pgErr.Code[:2] == "40", pgErr.Code == "55P03", pgErr.Code == "53300":
-			c.Header("Retry-After", "1")
-			problem(c, http.StatusServiceUnavailable, "try-again", "Try again", pgErr.Message)
+		case strings.HasPrefix(pgErr.Code, "40"), pgErr.Code == "55P03", pgErr.Code == "53300":
+			w.Header().Set("Retry-After", "1")
+			problem(w, http.StatusServiceUnavailable, "try-again", "Try again", pgErr.Message)
 			return
-		case pgErr.Code[:2] == "22":
-			problem(c, http.StatusBadRequest, "bad-request", "Request refused by the database", pgErr.Message)
+		case strings.HasPrefix(pgErr.Code, "22"):
+			problem(w, http.StatusBadRequest, "bad-request", "Request refused by the database", pgErr.Message)
 			return
 		}
 	}
-	problem(c, http.StatusInternalServerError, "database-error", "Database error", err.Error())
+	problem(w, http.StatusInternalServerError, "database-error", "Database error", err.Error())
 }
 
 // holdWriter holds the handler's response back until it is stored and
 // committed. Headers go straight to the real writer's header map.
 type holdWriter struct {
-	gin.ResponseWriter
-	status  int
-	body    bytes.Buffer
-	written bool
+	header http.Header
+	status int
+	body   bytes.Buffer
 }
+
+func (w *holdWriter) Header() http.Header { return w.header }
 
 func (w *holdWriter) WriteHeader(code int) {
 	if code > 0 {
@@ -759,25 +836,10 @@ func (w *holdWriter) WriteHeader(code int) {
 	}
 }
 
-func (w *holdWriter) WriteHeaderNow() { w.written = true }
-
-func (w *holdWriter) Write(b []byte) (int, error) {
-	w.written = true
-	return w.body.Write(b)
-}
-
-func (w *holdWriter) WriteString(s string) (int, error) {
-	w.written = true
-	return w.body.WriteString(s)
-}
-
-func (w *holdWriter) Status() int   { return w.status }
-func (w *holdWriter) Size() int     { return w.body.Len() }
-func (w *holdWriter) Written() bool { return w.written }
-func (w *holdWriter) Flush()        {}
+func (w *holdWriter) Write(b []byte) (int, error) { return w.body.Write(b) }
 
 // flush sends the held response as the handler made it (not stored).
-func (w *holdWriter) flush(c *gin.Context) {
-	c.Status(w.status)
-	_, _ = c.Writer.Write(w.body.Bytes())
+func (w *holdWriter) flush(rw http.ResponseWriter) {
+	rw.WriteHeader(w.status)
+	_, _ = rw.Write(w.body.Bytes())
 }
