@@ -2,7 +2,8 @@
 # scripts/docs_test.sh [FILE.md...] -- run every code block of the docs
 #
 # For each Markdown file (default: README.md, docs/*.md, proxy/README.md,
-# examples/*/README.md, in that order) that has blocks to run, a fresh
+# sql-edition/README.md, examples/*/README.md, in that order) that has
+# blocks to run, a fresh
 # throwaway cluster (scripts/common.sh) set up as a Debian server is: the
 # pg_hba.conf that Debian's postgresql-common writes (peer on the socket,
 # scram-sha-256 on 127.0.0.1), its socket in /var/run/postgresql, both
@@ -63,7 +64,7 @@ if [[ ${1:-} == --private-copy ]]; then
 fi
 cd "$REPO_ROOT"
 if (($# == 0)); then
-	set -- README.md docs/*.md proxy/README.md examples/*/README.md
+	set -- README.md docs/*.md proxy/README.md sql-edition/README.md examples/*/README.md
 fi
 
 if ((private_copy)); then
