@@ -186,7 +186,7 @@ if (($# == 0)); then
 	total=$((total + 1))
 	if bash "$HERE/move_test.sh" >"$T/move.log" 2>&1; then
 		passed=$((passed + 1))
-		echo "move between the editions: ok, $(grep -E '^move: ' "$T/move.log" | sed 's/^move: //')"
+		echo "move between the editions: ok, $(grep -E '^move: ' "$T/move.log" | sed 's/^move: //;s/\.$//'), $(grep -E '^# move test: ' "$T/move.log" | sed 's/^# move test: //')"
 	else
 		rc=1
 		echo "move between the editions ... FAILED"
