@@ -8,6 +8,8 @@
 #   3. SQL edition (extension)     -> C extension   (in place)
 #   4. C extension in database app -> plain script in database app2 (the
 #      two-server way: \copy through a file, no superuser)
+#   5. plain script in app2 -> C extension in database app3 (the same way
+#      back: the owner exports, a superuser creates the C extension and imports)
 #
 # Before each move the application role (docs/reference.md's grants) makes
 # live data: a completed record, a lease claim, a checkpointed claim with a
@@ -234,6 +236,23 @@ after 4 app2
 for r in 1 2 3; do
 	check "round 4: round $r's completed record replays in app2" "replay|201" \
 		"$(q app app2 -c "SELECT outcome, response_status FROM idempotency.idem_acquire('done-$r', '{\"n\": $r}')")"
+done
+
+# 5. back, the two-server way: plain script in app2 (export by its owner)
+# -> C extension in app3 (a superuser's CREATE EXTENSION and import)
+live 5 app2
+q postgres postgres -c "CREATE DATABASE app3"
+q postgres app3 -c "CREATE EXTENSION idempotency"
+(cd "$W" && as_postgres env PATH="$PG_BINDIR:$PATH" SOURCE="host=$SOCK port=$PGPORT user=app_owner dbname=app2" bash -e -o pipefail -c "cd '$W'; $(cat "$W/export.sh")")
+(cd "$W" && as_postgres env PATH="$PG_BINDIR:$PATH" TARGET="host=$SOCK port=$PGPORT user=postgres dbname=app3" bash -e -o pipefail -c "cd '$W'; $(cat "$W/import.sh")")
+check "round 5: every record of app2 is in app3" \
+	"$(q postgres app2 -c "SELECT count(*), md5(string_agg(r::text, ',' ORDER BY scope, key, expires_at)) FROM idempotency.records r")" \
+	"$(q postgres app3 -c "SELECT count(*), md5(string_agg(r::text, ',' ORDER BY scope, key, expires_at)) FROM idempotency.records r")"
+grants postgres app3
+after 5 app3
+for r in 1 2 3 4; do
+	check "round 5: round $r's completed record replays in app3" "replay|201" \
+		"$(q app app3 -c "SELECT outcome, response_status FROM idempotency.idem_acquire('done-$r', '{\"n\": $r}')")"
 done
 
 echo "# move test: $((SECONDS - t0)) s"
