@@ -2,11 +2,11 @@
 # scripts/docs_test.sh [FILE.md...] -- run every code block of the docs
 #
 # For each Markdown file (default: README.md, docs/*.md, proxy/README.md,
-# examples/*/README.md, in that order) that has blocks to run, a fresh
-# throwaway cluster (scripts/common.sh) set up as a Debian server is: the
-# pg_hba.conf that Debian's postgresql-common writes (peer on the socket,
-# scram-sha-256 on 127.0.0.1), its socket in /var/run/postgresql, both
-# libraries preloaded.  scripts/docs_test.py then runs the file's blocks in
+# sql-edition/README.md, examples/*/README.md, in that order) that has
+# blocks to run, a fresh throwaway cluster (scripts/common.sh) set up as a
+# Debian server is: the pg_hba.conf that Debian's postgresql-common writes
+# (peer on the socket, scram-sha-256 on 127.0.0.1), its socket in
+# /var/run/postgresql, both libraries preloaded.  scripts/docs_test.py then runs the file's blocks in
 # order (the convention is in docs/testing.md).  The extension must be
 # installed (scripts/test.sh does it first).  Last, without a cluster, each
 # file's links (scripts/docs_test.py --links): one test a file.
@@ -63,7 +63,7 @@ if [[ ${1:-} == --private-copy ]]; then
 fi
 cd "$REPO_ROOT"
 if (($# == 0)); then
-	set -- README.md docs/*.md proxy/README.md examples/*/README.md
+	set -- README.md docs/*.md proxy/README.md sql-edition/README.md examples/*/README.md
 fi
 
 if ((private_copy)); then

@@ -5,7 +5,7 @@
 #
 #   sql-edition/test.sh            every test not in sql-edition/excluded.txt,
 #                                  the edition's own (sql-edition/sql/, sql-edition/specs/)
-#                                  and a stress run
+#                                  a stress run and sql-edition/move_test.sh
 #   sql-edition/test.sh NAME...    only those (00_setup is always run first)
 #
 # As root on Debian 12, like scripts/test.sh, for IDEM_PG_MAJOR (default 15).
@@ -178,6 +178,20 @@ if (($# == 0)); then
 		-d isolation_regression -c 'CREATE TABLE public.holders (k text PRIMARY KEY)'
 	stress 'read committed'
 	stress 'repeatable read'
+fi
+
+# Moving live data between the editions, both ways (docs/managed.md's
+# procedures, on a cluster of its own): one test
+if (($# == 0)); then
+	total=$((total + 1))
+	if bash "$HERE/move_test.sh" >"$T/move.log" 2>&1; then
+		passed=$((passed + 1))
+		echo "move between the editions: ok, $(grep -E '^move: ' "$T/move.log" | sed 's/^move: //;s/\.$//'), $(grep -E '^# move test: ' "$T/move.log" | sed 's/^# move test: //')"
+	else
+		rc=1
+		echo "move between the editions ... FAILED"
+		cat "$T/move.log"
+	fi
 fi
 
 if ((rc != 0)); then
