@@ -3,3 +3,4 @@
 export * from "./core";
 export { idempotent, IdempotentOptions } from "./wrapper";
 export { idempotency, ExpressOptions } from "./express";
+export { idempotencyPlugin, FastifyOptions } from "./fastify";
