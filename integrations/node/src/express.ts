@@ -105,65 +105,73 @@ export function idempotency(pool: Pool, opts: ExpressOptions = {}) {
       send(res, res.end, begun.answer);
       return;
     }
-    hold(req, res, begun.claim);
+    req.idempotency = begun.claim;
+    holdResponse(res, core, begun.claim);
     next();
   }
+}
 
-  /** Hold the handler's answer back until it is stored and committed. */
-  function hold(req: Req, res: Res, claim: Claim): void {
-    req.idempotency = claim;
-    const end = res.end;
-    const write = res.write;
-    const writeHead = res.writeHead;
-    const chunks: Buffer[] = [];
-    let done = false;
-    const restore = () => {
-      res.end = end;
-      res.write = write;
-      res.writeHead = writeHead;
-    };
-    const toBuf = (c: unknown, enc?: unknown) =>
-      Buffer.isBuffer(c) ? c : Buffer.from(c as string, typeof enc === "string" ? (enc as BufferEncoding) : "utf8");
-    res.writeHead = function (status: number, ...rest: any[]) {
-      res.statusCode = status;
-      const h = rest.find((x) => x && typeof x === "object");
-      if (h) for (const [k, v] of Object.entries(h)) res.setHeader(k, v as string);
+/**
+ * Hold the answer that res is given back until it is stored and committed
+ * (claim), or send `fixed` in its place (an answer decided before the
+ * handler: NestJS still writes a response of its own).
+ */
+export function holdResponse(res: Res, core: HttpIdempotency, claim: Claim | null, fixed?: Answer): void {
+  const end = res.end;
+  const write = res.write;
+  const writeHead = res.writeHead;
+  const chunks: Buffer[] = [];
+  let done = false;
+  const restore = () => {
+    res.end = end;
+    res.write = write;
+    res.writeHead = writeHead;
+  };
+  const toBuf = (c: unknown, enc?: unknown) =>
+    Buffer.isBuffer(c) ? c : Buffer.from(c as string, typeof enc === "string" ? (enc as BufferEncoding) : "utf8");
+  res.writeHead = function (status: number, ...rest: any[]) {
+    res.statusCode = status;
+    const h = rest.find((x) => x && typeof x === "object");
+    if (h) for (const [k, v] of Object.entries(h)) res.setHeader(k, v as string);
+    return res;
+  } as any;
+  res.write = function (chunk: unknown, enc?: unknown, cb?: unknown) {
+    if (chunk != null) chunks.push(toBuf(chunk, enc));
+    const f = typeof enc === "function" ? enc : cb;
+    if (typeof f === "function") process.nextTick(f as () => void);
+    return true;
+  } as any;
+  res.end = function (chunk?: unknown, enc?: unknown) {
+    if (done) return res;
+    done = true;
+    if (chunk != null && typeof chunk !== "function") chunks.push(toBuf(chunk, enc));
+    restore();
+    if (!claim) {
+      send(res, end, fixed as Answer);
       return res;
-    } as any;
-    res.write = function (chunk: unknown, enc?: unknown, cb?: unknown) {
-      if (chunk != null) chunks.push(toBuf(chunk, enc));
-      const f = typeof enc === "function" ? enc : cb;
-      if (typeof f === "function") process.nextTick(f as () => void);
-      return true;
-    } as any;
-    res.end = function (chunk?: unknown, enc?: unknown, cb?: unknown) {
-      if (done) return res;
+    }
+    const body = Buffer.concat(chunks);
+    const headers = res.getHeaders() as Record<string, unknown>;
+    // express's generated ETag hashes the handler's bytes, not the stored ones
+    if (typeof headers.etag === "string" && headers.etag === expressETag(body)) {
+      res.removeHeader("ETag");
+      delete headers.etag;
+    }
+    core
+      .finish(claim, { status: res.statusCode, headers, body: chunks.length ? body : null })
+      .then((a) => send(res, end, a))
+      .catch((e) => send(res, end, core.dbProblem(e)));
+    return res;
+  } as any;
+  // the connection closed before the answer (a worker that died, a client
+  // gone): roll back, nothing is stored
+  res.on("close", () => {
+    if (!done) {
       done = true;
-      if (chunk != null && typeof chunk !== "function") chunks.push(toBuf(chunk, enc));
       restore();
-      const body = Buffer.concat(chunks);
-      const headers = res.getHeaders() as Record<string, unknown>;
-      // express's generated ETag hashes the handler's bytes, not the stored ones
-      if (typeof headers.etag === "string" && headers.etag === expressETag(body)) {
-        res.removeHeader("ETag");
-        delete headers.etag;
-      }
-      core
-        .finish(claim, { status: res.statusCode, headers, body: chunks.length ? body : null })
-        .then((a) => send(res, end, a))
-        .catch((e) => send(res, end, core.dbProblem(e)));
-      return res;
-    } as any;
-    // the connection closed before the handler answered (a worker that
-    // died, a client gone): nothing is stored
-    res.on("close", () => {
-      if (!done) {
-        done = true;
-        restore();
-        void core.failed(claim);
-      }
-    });
-  }
+      if (claim) void core.failed(claim);
+    }
+  });
 }
 
 function header(req: Req, name: string): string | undefined {
