@@ -16,7 +16,7 @@
 #      each).
 # Prints TAP-style lines, then "node integration: N of M tests passed."
 # (each app's checks counted one by one); exits 1 if any failed.  Installs
-# nodejs and npm (Debian's) when missing.  About 3 to 4 minutes, most of it
+# nodejs and npm (Debian's) when absent.  About 3 to 4 minutes, most of it
 # npm's downloads.
 set -uo pipefail
 
@@ -61,14 +61,14 @@ if [[ ! -f ${tgz:-} ]]; then
 fi
 app=$tmp/build/app
 files=$(tar -tzf "$tgz")
-missing=
+absent=
 for f in package.json README.md dist/index.js dist/index.d.ts dist/core.d.ts dist/express.d.ts \
 	dist/fastify.d.ts dist/nestjs.js dist/nestjs.d.ts dist/wrapper.d.ts; do
-	grep -qx "package/$f" <<<"$files" || missing+=" $f"
+	grep -qx "package/$f" <<<"$files" || absent+=" $f"
 done
-extra=$(grep -v -e '^package/dist/' -e '^package/package.json$' -e '^package/README.md$' <<<"$files" || true)
-[[ -z $missing && -z $extra ]]
-ok $? "the .tgz ships dist/ with its .d.ts files, package.json and README.md, nothing else (missing:${missing:- none}; extra: ${extra:-none})"
+surplus=$(grep -v -e '^package/dist/' -e '^package/package.json$' -e '^package/README.md$' <<<"$files" || true)
+[[ -z $absent && -z $surplus ]]
+ok $? "the .tgz ships dist/ with its .d.ts files, package.json and README.md, nothing else (absent:${absent:- none}; other: ${surplus:-none})"
 deps=$(cd "$app" && node -e '
 	const p = require("pg-idempotency/package.json");
 	console.log(Object.keys(p.dependencies || {}).join(" ") + " | " + Object.keys(p.peerDependencies || {}).sort().join(" "));' 2>&1)

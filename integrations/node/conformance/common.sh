@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034,SC2154,SC2317
 # integrations/node/conformance/common.sh -- the part of express.sh,
 # fastify.sh and nestjs.sh that is the same: sourced by them inside
 # examples/run_tests.sh ($work, $dsn set).  With PG_IDEMPOTENCY_APP naming
