@@ -6,12 +6,16 @@
 #   1. build.sh: the package built from a copy of its sources (npm ci, npm
 #      pack: tsc), and installed from its .tgz into a fresh app beside the
 #      frameworks of conformance/package-lock.json; checks what the .tgz
-#      ships and what the installed package depends on;
+#      ships and what the installed package depends on, and type-checks
+#      a TypeScript consumer (conformance/types.ts) against it;
 #   2. README.md's quick start, every block as written, in order, from a
 #      copy of this folder laid out as in the repository (```sh blocks run,
 #      ```js FILE blocks written to FILE, ```sql blocks run by psql in a
 #      fresh database), then checks what it answered and wrote;
-#   3. examples/run_tests.sh for the sample apps express, fastify and
+#   3. conformance/wrapper.js: idempotent() driven directly (redelivery,
+#      mismatch, a throw, release, ten concurrent deliveries, lease mode
+#      resumed at a checkpoint, abort);
+#   4. examples/run_tests.sh for the sample apps express, fastify and
 #      nestjs, over the app of step 1 (examples/http_test.py, 38 checks
 #      each).
 # Prints TAP-style lines, then "node integration: N of M tests passed."
@@ -77,6 +81,9 @@ ok $? "installed from the .tgz, it depends on pg only; the frameworks are peers 
 where=$(cd "$app" && node -e 'console.log(require.resolve("pg-idempotency"), require.resolve("pg-idempotency/nestjs"))' 2>&1)
 [[ $where == "$app/node_modules/pg-idempotency/dist/index.js $app/node_modules/pg-idempotency/dist/nestjs.js" ]]
 ok $? "the sample apps load the installed package ($where)"
+(cd "$app" && node node_modules/typescript/bin/tsc --noEmit --strict --skipLibCheck --module node16 \
+	--moduleResolution node16 --esModuleInterop --types node types.ts) >"$tmp/types.out" 2>&1
+ok $? "a TypeScript consumer (conformance/types.ts) type-checks against the shipped .d.ts files, both entry points" "$tmp/types.out"
 
 # ---- 2. the README's quick start, as written
 log "README.md's quick start"
@@ -130,7 +137,26 @@ bodies=$(grep '^{"id":' "$tmp/qs.out" | head -n 2 | sort -u | wc -l)
 ok $? "quick start: the two curl answers are the same body bytes"
 "${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
 
-# ---- 3. the sample apps, driven by examples/http_test.py
+# ---- 3. the plain wrapper, idempotent(), driven directly (conformance/wrapper.js)
+log "idempotent(), the wrapper for jobs"
+db=idem_node_wrapper
+out=$tmp/wrapper.out
+if "${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >"$out" 2>&1 &&
+	"${psql[@]}" -d "$db" -c "CREATE EXTENSION idempotency" >>"$out" 2>&1; then
+	(cd "$app" && PGDATABASE=$db timeout 300 node wrapper.js) >>"$out" 2>&1
+fi
+line=$(grep -E "^wrapper: [0-9]+ of [0-9]+ tests passed\.$" "$out" | tail -n 1)
+if [[ -n $line ]]; then
+	read -r got total < <(sed -E 's/.*: ([0-9]+) of ([0-9]+) tests passed\./\1 \2/' <<<"$line")
+else
+	got=0 total=1
+	tail -n 20 "$out" | sed 's/^/#   /'
+fi
+sed -nE 's/^(not )?ok [0-9]+ - (.*)/\1ok - wrapper: \2/p; /^#   /p' "$out"
+n=$((n + total)) passed=$((passed + got))
+"${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
+
+# ---- 4. the sample apps, driven by examples/http_test.py
 for which in express fastify nestjs; do
 	log "examples/run_tests.sh $which"
 	out=$tmp/run-$which.out
