@@ -22,10 +22,12 @@ app.use((req, res, next) => {
   next();
 });
 
-app.use(idempotency(pool, {
+// per route, so that an unrouted POST is a plain 404, as in the Gin example
+// (app.use(idem) works too, for every POST, PUT, PATCH and DELETE)
+const idem = idempotency(pool, {
   replayOk: f.replay200,
   leases: { "POST /api/charges": f.chargeLease },
-}));
+});
 
 function answer(res, a) {
   res.status(a.status).set(a.headers);
@@ -37,9 +39,9 @@ function answer(res, a) {
 const h = (fn) => (req, res, next) => fn(req, res).then((a) => answer(res, a), next);
 
 app.get("/api/payments/:id", h((req) => shop.getPayment(pool, req.user, req.params.id)));
-app.post("/api/payments", h((req) => shop.createPayment(req.idempotency, req.user, req.body)));
-app.post("/api/orders", h((req) => shop.createOrder(req.idempotency, req.user, req.body)));
-app.post("/api/charges", h((req) => shop.createCharge(pool, req.idempotency, req.user, req.body,
+app.post("/api/payments", idem, h((req) => shop.createPayment(req.idempotency, req.user, req.body)));
+app.post("/api/orders", idem, h((req) => shop.createOrder(req.idempotency, req.user, req.body)));
+app.post("/api/charges", idem, h((req) => shop.createCharge(pool, req.idempotency, req.user, req.body,
   f.faults ? req.get("X-Fault") : undefined)));
 
 app.use((req, res) => answer(res, shop.problem(404, "not-found", "no such route")));
