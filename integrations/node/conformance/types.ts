@@ -1,0 +1,42 @@
+// A TypeScript consumer of pg-idempotency as installed: compiled with
+// --noEmit --strict by test.sh, so that the shipped .d.ts files resolve
+// (both entry points) and type what the README shows.
+import { Pool, PoolClient } from "pg";
+import express from "express";
+import {
+  idempotent, idempotency, idempotencyPlugin, Claim, InProgressError, MismatchError, ClaimLostError, HttpIdempotency,
+} from "pg-idempotency";
+import { IdempotencyInterceptor } from "pg-idempotency/nestjs";
+
+const pool = new Pool();
+const app = express();
+app.use(idempotency(pool, { leases: { "POST /charges": 30 }, replayOk: true, ttl: 86400 }));
+app.post("/orders", async (req, res) => {
+  const claim: Claim = (req as unknown as { idempotency: Claim }).idempotency;
+  const db: PoolClient = await claim.tx();
+  await db.query("SELECT 1");
+  res.status(201).json({ ok: true });
+});
+
+async function job(): Promise<number> {
+  try {
+    const r: { id: number } = await idempotent(pool, { key: "k", request: { a: 1 }, scope: "q", ttl: 60, lease: 0 }, async (claim) => {
+      const db = await claim.tx();
+      await claim.checkpoint("step", { n: 1 });
+      const v = await claim.keepAlive(async () => 42);
+      const phase: string | undefined = claim.resumed?.phase;
+      void phase;
+      await db.query("SELECT $1::int", [v]);
+      return { id: v };
+    });
+    return r.id;
+  } catch (e) {
+    if (e instanceof InProgressError) return e.retryAfter;
+    if (e instanceof MismatchError || e instanceof ClaimLostError) return -1;
+    throw e;
+  }
+}
+
+const interceptor = new IdempotencyInterceptor(pool, { leases: { "POST /charges": 30 } });
+const core = new HttpIdempotency(pool, {});
+export { job, interceptor, core, idempotencyPlugin };

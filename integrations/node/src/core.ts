@@ -1,0 +1,585 @@
+// The shared core: idem_acquire's outcomes mapped to HTTP answers, the claim
+// that an acquired request's handler gets, and the completion that stores
+// the handler's answer in the claim's transaction. The framework adapters
+// (express.ts, fastify.ts, nestjs.ts) only capture the handler's answer and
+// send what the core says; the plain wrapper (wrapper.ts) uses the claim.
+
+import { createHash } from "crypto";
+import type { Pool, PoolClient } from "pg";
+
+/** The request header that carries the client's key. */
+export const HEADER_KEY = "Idempotency-Key";
+/** The response header that marks a replayed answer. */
+export const HEADER_REPLAYED = "Idempotent-Replayed";
+/** The request header passed on as the claim's trace (W3C Trace Context). */
+export const HEADER_TRACE = "traceparent";
+/** The response header of a duplicate that carries the first request's trace. */
+export const HEADER_ORIGIN_TRACE = "Idempotent-Origin-Trace";
+/**
+ * The response headers stored with an answer and sent again with its
+ * replays, as spelled here. Others (Date, Retry-After, cookies) are not
+ * replayed.
+ */
+export const REPLAYED_HEADERS = ["Location", "ETag", "Content-Type", "Content-Location"];
+
+const SPELLING: Record<string, string> = Object.fromEntries(REPLAYED_HEADERS.map((h) => [h.toLowerCase(), h]));
+
+/** Options of the HTTP adapters. */
+export interface HttpOptions {
+  /** How long a key lives, in seconds (default: the server's idempotency.default_ttl). */
+  ttl?: number;
+  /** The seed's rule: a replayed 2xx is answered 200 (the first answer stays as it was). */
+  replayOk?: boolean;
+  /**
+   * Lease mode per route, in seconds: "POST /api/charges" → 30. The claim
+   * commits at once, the handler calls out, its writes and the answer commit
+   * in a second transaction fenced by the claim.
+   */
+  leases?: Record<string, number>;
+  /** Paths passed through untouched (besides /health and /metrics). */
+  skipPaths?: string[];
+  /** Prefix of the problem+json "type" (RFC 9457). */
+  problemTypeBase?: string;
+  /** Where the duplicate lines go (default: console.error). */
+  log?: (line: string) => void;
+}
+
+/** The part of an HTTP request the core needs. */
+export interface HttpRequestInfo {
+  method: string;
+  /** The path without the query string. */
+  path: string;
+  /** The Idempotency-Key header, if any. */
+  key: string | undefined;
+  /** The raw body (null or empty: none). */
+  body: string | Buffer | null;
+  /** The traceparent header, if any. */
+  trace: string | undefined;
+  /** The authenticated user (goes into the scope); empty: "anonymous". */
+  user: string | undefined;
+}
+
+/**
+ * An answer to send. headers: name → value to set, or null to remove (a
+ * header the handler set that must not go out with this answer).
+ */
+export interface Answer {
+  status: number;
+  headers: Record<string, string | null>;
+  body: string | null;
+}
+
+/** The handler's answer as the adapter captured it (headers lower-cased or not). */
+export interface Captured {
+  status: number;
+  headers: Record<string, unknown>;
+  body: Buffer | string | null;
+}
+
+/** The last checkpoint of the claim taken over (idem_acquire's phase and state). */
+export interface Resumed {
+  phase: string;
+  state: unknown;
+}
+
+export class IdempotencyError extends Error {}
+
+/** The key's first request is still being processed (HTTP 409). */
+export class InProgressError extends IdempotencyError {
+  constructor(public readonly retryAfter: number, public readonly originTrace: string | null) {
+    super(`a request with this key is being processed; retry after ${retryAfter} s`);
+    this.name = "InProgressError";
+  }
+}
+
+/** The key was used before with another request (HTTP 422). */
+export class MismatchError extends IdempotencyError {
+  constructor(public readonly originTrace: string | null) {
+    super("the key was used before with another request");
+    this.name = "MismatchError";
+  }
+}
+
+/** This claim was taken over after its lease ran out (SQLSTATE 55000 at completion). */
+export class ClaimLostError extends IdempotencyError {
+  constructor() {
+    super("the claim was taken over: it took longer than its lease");
+    this.name = "ClaimLostError";
+  }
+}
+
+/** What idem_acquire answered. */
+export interface Acquired {
+  outcome: "acquired" | "replay" | "in_progress" | "mismatch";
+  status: number | null;
+  body: string | null; // jsonb's text
+  retryAfter: number | null;
+  claim: string | null;
+  phase: string | null;
+  state: unknown;
+  headers: Record<string, string> | null;
+  originTrace: string | null;
+}
+
+export interface AcquireArgs {
+  key: string;
+  /** The request as JSON text ("null" for none). */
+  request: string;
+  scope: string;
+  ttl?: number | null;
+  lease?: number | null;
+  trace?: string | null;
+}
+
+const ACQUIRE = `
+  SELECT outcome, response_status, response_body::text AS response_body, retry_after, claim::text AS claim,
+         phase, state, response_headers, origin_trace
+    FROM idempotency.idem_acquire(key => $1::text, request => $2::jsonb, scope => $3::text,
+                                  ttl => $4::float8 * interval '1 second',
+                                  lease => $5::float8 * interval '1 second',
+                                  trace => $6::text)`;
+
+const COMPLETE = `
+  SELECT idempotency.idem_complete(key => $1::text, response_status => $2::int, response_body => $3::jsonb,
+                                   scope => $4::text, claim => $5::uuid, response_headers => $6::jsonb) AS done,
+         $3::jsonb::text AS canonical`;
+
+/** Seconds for "$n::float8 * interval '1 second'", or null (the server's default). */
+function seconds(s: number | null | undefined): number | null {
+  return s && s > 0 ? Math.ceil(s * 1e6) / 1e6 : null;
+}
+
+export async function acquire(client: PoolClient, a: AcquireArgs): Promise<Acquired> {
+  const r = await client.query(ACQUIRE, [a.key, a.request, a.scope, seconds(a.ttl), seconds(a.lease), a.trace ?? null]);
+  const row = r.rows[0];
+  return {
+    outcome: row.outcome,
+    status: row.response_status,
+    body: row.response_body,
+    retryAfter: row.retry_after,
+    claim: row.claim,
+    phase: row.phase,
+    state: row.state,
+    headers: row.response_headers,
+    originTrace: row.origin_trace,
+  };
+}
+
+/**
+ * What an acquired request's handler gets: the transaction its writes go
+ * in (they commit with the stored answer), and the lease-mode tools.
+ */
+export class Claim {
+  /** The claim idem_acquire returned (checkpoints, extends and the completion are fenced by it). */
+  readonly id: string | null;
+  /** After a takeover: the last checkpoint of the claim taken over; else null. */
+  readonly resumed: Resumed | null;
+  released = false;
+  /** A checkpoint was committed: a failure leaves the claim to its lease. */
+  checkpointed = false;
+  /** Set by abort(): roll back, store nothing. */
+  aborted = false;
+  private client: PoolClient | null;
+  private begun: Promise<PoolClient> | null = null;
+  private ended = false;
+
+  constructor(
+    readonly pool: Pool,
+    readonly key: string,
+    readonly scope: string,
+    /** Seconds; 0: one transaction. */
+    readonly lease: number,
+    a: Acquired,
+    client: PoolClient | null,
+  ) {
+    this.id = a.claim;
+    this.resumed = a.phase != null ? { phase: a.phase, state: a.state } : null;
+    this.client = client;
+    if (client) this.begun = Promise.resolve(client);
+  }
+
+  /**
+   * The pg client whose transaction commits with the stored answer. In
+   * lease mode it is begun at the first call: call it after the outside
+   * call, not before.
+   */
+  tx(): Promise<PoolClient> {
+    if (this.ended) return Promise.reject(new IdempotencyError("the claim's transaction has ended"));
+    if (!this.begun) {
+      this.begun = (async () => {
+        const c = await this.pool.connect();
+        try {
+          await c.query("BEGIN");
+        } catch (e) {
+          c.release(e as Error);
+          throw e;
+        }
+        this.client = c;
+        return c;
+      })();
+    }
+    return this.begun;
+  }
+
+  /** Run sql in the open transaction if there is one, else on the pool (committed at once). */
+  private async run(sql: string, params: unknown[]): Promise<boolean> {
+    if (this.begun) {
+      const c = await this.begun;
+      await c.query(sql, params);
+      return true;
+    }
+    await this.pool.query(sql, params);
+    return false;
+  }
+
+  /** idem_release: nothing is stored, the next request with this key runs the handler again. */
+  async release(): Promise<void> {
+    await this.run("SELECT idempotency.idem_release(key => $1, scope => $2, claim => $3::uuid)", [this.key, this.scope, this.id]);
+    this.released = true;
+  }
+
+  /**
+   * idem_checkpoint: record the step done (phase) and what the next attempt
+   * needs (state, a JSON value). In the open transaction if there is one,
+   * else (lease mode, before tx()) committed at once; after that a failing
+   * handler leaves the claim to its lease, and the retry that takes it over
+   * finds the checkpoint in `resumed`.
+   */
+  async checkpoint(phase: string, state?: unknown): Promise<void> {
+    const inTx = await this.run(
+      "SELECT idempotency.idem_checkpoint(key => $1, scope => $2, claim => $3::uuid, phase => $4, state => $5::jsonb)",
+      [this.key, this.scope, this.id, phase, state === undefined ? null : JSON.stringify(state)],
+    );
+    if (!inTx) this.checkpointed = true;
+  }
+
+  /** idem_extend: push the lease out to now + lease (a no-op in one-transaction mode). */
+  async extend(): Promise<void> {
+    if (!this.lease) return;
+    await this.pool.query(
+      "SELECT idempotency.idem_extend(key => $1, scope => $2, claim => $3::uuid, lease => $4::float8 * interval '1 second')",
+      [this.key, this.scope, this.id, seconds(this.lease)],
+    );
+  }
+
+  /** Run fn while extending the lease every third of it (for a slow outside call). */
+  async keepAlive<T>(fn: () => Promise<T>): Promise<T> {
+    if (!this.lease) return fn();
+    let beat: Promise<void> = Promise.resolve();
+    let stopped = false;
+    const timer = setInterval(() => {
+      beat = beat.then(() =>
+        stopped
+          ? undefined
+          : this.extend().catch(() => {
+              // taken over or expired: the completion will be refused
+              clearInterval(timer);
+            }),
+      );
+    }, (this.lease * 1000) / 3);
+    try {
+      return await fn();
+    } finally {
+      stopped = true;
+      clearInterval(timer);
+      await beat;
+    }
+  }
+
+  /** Roll back and store nothing: the retry runs the handler again. */
+  abort(): void {
+    this.aborted = true;
+  }
+
+  /** Commit or roll back the open transaction, if any, and give its client back. */
+  async end(commit: boolean): Promise<void> {
+    if (this.ended) return;
+    this.ended = true;
+    const c = this.begun ? await this.begun.catch(() => null) : null;
+    if (!c) return;
+    try {
+      await c.query(commit ? "COMMIT" : "ROLLBACK");
+      c.release();
+    } catch (e) {
+      c.release(e as Error);
+      throw e;
+    }
+  }
+
+  /** Store (status, body, headers) in the transaction and commit; the stored body's text. */
+  async complete(status: number, body: string | null, headers: Record<string, string> | null): Promise<string | null> {
+    let canonical: string | null;
+    try {
+      const c = await this.tx();
+      const r = await c.query(COMPLETE, [
+        this.key,
+        status,
+        body,
+        this.scope,
+        this.id,
+        headers && Object.keys(headers).length ? JSON.stringify(headers) : null,
+      ]);
+      canonical = r.rows[0].canonical;
+    } catch (e) {
+      await this.end(false).catch(() => undefined);
+      if ((e as { code?: string }).code === "55000") throw new ClaimLostError();
+      throw e;
+    }
+    await this.end(true);
+    return canonical;
+  }
+
+  /**
+   * After a failure (an exception, abort()): roll back; in lease mode give
+   * the claim up, unless released or checkpointed, so that a retry runs
+   * again at once (the outside service is called with the same key and
+   * deduplicates it).
+   */
+  async fail(): Promise<void> {
+    await this.end(false).catch(() => undefined);
+    if (this.lease && !this.released && !this.checkpointed) {
+      await this.pool
+        .query("SELECT idempotency.idem_release(key => $1, scope => $2, claim => $3::uuid)", [this.key, this.scope, this.id])
+        .catch(() => undefined);
+    }
+  }
+}
+
+/** The scope of a request: the user and the route, hashed when longer than 255 bytes. */
+export function httpScope(user: string | undefined, method: string, path: string): string {
+  const s = `user:${user || "anonymous"} ${method} ${path}`;
+  if (Buffer.byteLength(s) > 255) return "sha256:" + createHash("sha256").update(s).digest("hex");
+  return s;
+}
+
+/** What a JSON body is sent as, first time and replayed alike. */
+export function contentType(status: number): string {
+  return status >= 400 ? "application/problem+json" : "application/json; charset=utf-8";
+}
+
+function isJSON(s: string): boolean {
+  try {
+    JSON.parse(s);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+function spelling(name: string): string {
+  return SPELLING[name.toLowerCase()] ?? name;
+}
+
+function headerValue(v: unknown): string | undefined {
+  if (v === undefined || v === null) return undefined;
+  if (Array.isArray(v)) return v.map(String).join(", ");
+  return String(v);
+}
+
+/** The first outcome of a request: an answer to send now, or a claim to run the handler with. */
+export type Begun = { answer: Answer; claim?: undefined } | { claim: Claim; answer?: undefined };
+
+/**
+ * The mapping from idem_acquire's outcomes to HTTP (IETF draft -09): the
+ * framework adapters call begin() before the handler and finish() (or
+ * failed()) after it.
+ */
+export class HttpIdempotency {
+  readonly skip: Set<string>;
+  readonly problemTypeBase: string;
+  private readonly log: (line: string) => void;
+
+  constructor(readonly pool: Pool, readonly opts: HttpOptions = {}) {
+    this.skip = new Set(["/health", "/metrics", ...(opts.skipPaths ?? [])]);
+    this.problemTypeBase = opts.problemTypeBase ?? "https://example.com/problems/";
+    this.log = opts.log ?? ((line) => console.error(line));
+  }
+
+  /** Whether a request is left alone (GET, HEAD, OPTIONS, skipped paths). */
+  skipped(method: string, path: string): boolean {
+    return method === "GET" || method === "HEAD" || method === "OPTIONS" || this.skip.has(path);
+  }
+
+  /** The lease of a route ("POST /api/charges"), in seconds; 0: one transaction. */
+  leaseOf(method: string, route: string): number {
+    return this.opts.leases?.[`${method} ${route}`] ?? 0;
+  }
+
+  /** An RFC 9457 problem+json answer (never stored). */
+  problem(status: number, type: string, title: string, detail: string, headers: Record<string, string | null> = {}): Answer {
+    // keys in Go's order (sorted), as the Gin example answers them
+    const body = JSON.stringify({ detail, status, title, type: this.problemTypeBase + type });
+    return { status, headers: { ...headers, "Content-Type": "application/problem+json" }, body };
+  }
+
+  /** A database error: 503 where a retry cures it, 400 for data the database refused, else 500. */
+  dbProblem(err: unknown, headers: Record<string, string | null> = {}): Answer {
+    const code: string = (err as { code?: string })?.code ?? "";
+    const msg = err instanceof Error ? err.message : String(err);
+    if (code.startsWith("40") || code === "55P03" || code === "53300") {
+      return this.problem(503, "try-again", "Try again", msg, { ...headers, "Retry-After": "1" });
+    }
+    if (code.startsWith("22")) return this.problem(400, "bad-request", "Request refused by the database", msg, headers);
+    return this.problem(500, "database-error", "Database error", msg, headers);
+  }
+
+  /** Claim the request's key; an answer to send at once (400, replay, 409, 422, 5xx) or a claim. */
+  async begin(req: HttpRequestInfo, lease: number): Promise<Begun> {
+    const key = req.key;
+    if (!key) {
+      return {
+        answer: this.problem(400, "idempotency-key-missing", "Idempotency-Key header missing",
+          "This operation is idempotent: send an Idempotency-Key header (a UUID that you send again when you retry)."),
+      };
+    }
+    if (Buffer.byteLength(key) > 255) {
+      return { answer: this.problem(400, "idempotency-key-invalid", "Idempotency-Key header too long", "The key is at most 255 bytes long.") };
+    }
+    let request = "null"; // an empty body: compared as JSON null
+    const raw = req.body == null ? "" : req.body.toString();
+    if (raw.trim() !== "") {
+      if (!isJSON(raw)) {
+        return { answer: this.problem(400, "body-not-json", "Request body is not JSON", "The request body is compared with the first request's as JSON.") };
+      }
+      request = raw;
+    }
+    // for linking duplicates to the first request: one too long to store
+    // (255 bytes) is not passed on rather than refused
+    const trace = req.trace && Buffer.byteLength(req.trace) <= 255 ? req.trace : null;
+    const scope = httpScope(req.user, req.method, req.path);
+
+    let client: PoolClient;
+    try {
+      client = await this.pool.connect();
+    } catch (e) {
+      return { answer: this.dbProblem(e) };
+    }
+    let a: Acquired;
+    try {
+      await client.query("BEGIN");
+      a = await acquire(client, { key, request, scope, ttl: this.opts.ttl, lease, trace });
+      if (a.outcome !== "acquired" || lease > 0) {
+        // a duplicate wrote nothing; lease mode: the claim is now visible, as processing
+        await client.query(a.outcome === "acquired" ? "COMMIT" : "ROLLBACK");
+      }
+    } catch (e) {
+      await client.query("ROLLBACK").catch(() => undefined);
+      client.release();
+      return { answer: this.dbProblem(e) };
+    }
+    if (a.outcome === "acquired") {
+      if (lease > 0) {
+        client.release();
+        return { claim: new Claim(this.pool, key, scope, lease, a, null) };
+      }
+      return { claim: new Claim(this.pool, key, scope, 0, a, client) };
+    }
+    client.release();
+
+    // a duplicate: link it to the first request, in the log and for the client
+    this.log(`idempotency: ${a.outcome}, key ${JSON.stringify(key)} scope ${JSON.stringify(scope)}: ` +
+      `traceparent ${trace ?? "-"}, first request's ${a.originTrace ?? "-"}`);
+    const dup: Record<string, string | null> = {};
+    if (a.originTrace != null) dup[HEADER_ORIGIN_TRACE] = a.originTrace;
+
+    if (a.outcome === "replay") {
+      let status = a.status as number;
+      if (this.opts.replayOk && status >= 200 && status < 300) status = 200;
+      const headers: Record<string, string | null> = {};
+      let ct = "";
+      for (const [name, v] of Object.entries(a.headers ?? {})) {
+        // stored in lower case: sent as REPLAYED_HEADERS spell them
+        if (name === "content-type") ct = v;
+        else headers[spelling(name)] = v;
+      }
+      Object.assign(headers, dup, { [HEADER_REPLAYED]: "true" });
+      return { answer: this.respond(status, a.body, ct, headers) };
+    }
+    if (a.outcome === "mismatch") {
+      return {
+        answer: this.problem(422, "idempotency-key-reused", "Idempotency-Key already used for another request",
+          "This key was sent before with a different request body; use a new key for a new request.", dup),
+      };
+    }
+    const wait = a.retryAfter && a.retryAfter > 0 ? a.retryAfter : 1;
+    return {
+      answer: this.problem(409, "request-in-progress", "A request with this Idempotency-Key is being processed",
+        `Send the same request again after ${wait} second(s).`, { ...dup, "Retry-After": String(wait) }),
+    };
+  }
+
+  /** status and body (jsonb's text, or null), as Content-Type ct (empty: contentType(status)). */
+  private respond(status: number, body: string | null, ct: string, headers: Record<string, string | null>): Answer {
+    if (body == null) return { status, headers: { ...headers, "Content-Type": null }, body: null };
+    return { status, headers: { ...headers, "Content-Type": ct || contentType(status) }, body };
+  }
+
+  /**
+   * After the handler answered: store its status, body and allowlisted
+   * headers with idem_complete and commit, then the answer to send (the body
+   * as the database stores it, so that the first answer and every replay are
+   * the same bytes). After release(): commit and send it as it is, unstored.
+   * After abort(): roll back and send it as it is.
+   */
+  async finish(claim: Claim, got: Captured): Promise<Answer> {
+    const raw = got.body == null ? "" : got.body.toString();
+    const asIs: Answer = { status: got.status, headers: {}, body: raw };
+    if (claim.aborted) {
+      await claim.fail();
+      return asIs;
+    }
+    if (claim.released) {
+      try {
+        await claim.end(true);
+      } catch (e) {
+        return this.dbProblem(e, dropReplayed());
+      }
+      return asIs;
+    }
+    let body: string | null = null;
+    let ct = "";
+    if (raw.length > 0) {
+      if (!isJSON(raw)) {
+        await claim.fail();
+        return this.problem(500, "response-not-json", "Handler answered non-JSON",
+          "The idempotency middleware stores JSON responses only.", dropReplayed());
+      }
+      body = raw;
+      ct = contentType(got.status);
+    }
+    // the headers to replay: those of REPLAYED_HEADERS that this answer
+    // has (its Content-Type as it goes out)
+    const lower: Record<string, unknown> = {};
+    for (const [k, v] of Object.entries(got.headers)) lower[k.toLowerCase()] = v;
+    const replayed: Record<string, string> = {};
+    for (const name of REPLAYED_HEADERS) {
+      const v = headerValue(lower[name.toLowerCase()]);
+      if (v && name !== "Content-Type") replayed[name] = v;
+    }
+    if (ct) replayed["Content-Type"] = ct;
+    let canonical: string | null;
+    try {
+      canonical = await claim.complete(got.status, body, replayed);
+    } catch (e) {
+      if (e instanceof ClaimLostError) {
+        // lease mode: the lease ran out and another request took the claim
+        // over; its answer is the one that counts
+        return this.problem(409, "idempotency-claim-lost", "This request's claim was taken over",
+          "It took longer than its lease; send the same request again to get the stored answer.",
+          { ...dropReplayed(), "Retry-After": "1" });
+      }
+      return this.dbProblem(e, dropReplayed());
+    }
+    return this.respond(got.status, canonical, ct, {});
+  }
+
+  /** After the handler failed (threw, or its connection died): roll back, store nothing. */
+  async failed(claim: Claim): Promise<void> {
+    await claim.fail();
+  }
+}
+
+/** The handler's replayable headers removed from an answer that is not the handler's. */
+function dropReplayed(): Record<string, null> {
+  return Object.fromEntries(REPLAYED_HEADERS.map((h) => [h, null]));
+}

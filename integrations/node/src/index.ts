@@ -1,0 +1,6 @@
+// pg-idempotency: exactly-once write endpoints and jobs over the idempotency
+// PostgreSQL extension. The NestJS interceptor is in "pg-idempotency/nestjs".
+export * from "./core";
+export { idempotent, IdempotentOptions } from "./wrapper";
+export { idempotency, ExpressOptions } from "./express";
+export { idempotencyPlugin, FastifyOptions } from "./fastify";

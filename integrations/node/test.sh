@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# integrations/node/test.sh -- the Node integration, tested the npm way.
+#
+# Against the cluster that PGHOST, PGPORT and PGUSER name (scripts/test.sh
+# starts it; the extension installed there), as root:
+#   1. build.sh: the package built from a copy of its sources (npm ci, npm
+#      pack: tsc), and installed from its .tgz into a fresh app beside the
+#      frameworks of conformance/package-lock.json; checks what the .tgz
+#      ships and what the installed package depends on, and type-checks
+#      a TypeScript consumer (conformance/types.ts) against it;
+#   2. README.md's quick start, every block as written, in order, from a
+#      copy of this folder laid out as in the repository (```sh blocks run,
+#      ```js FILE blocks written to FILE, ```sql blocks run by psql in a
+#      fresh database), then checks what it answered and wrote;
+#   3. conformance/wrapper.js: idempotent() driven directly (redelivery,
+#      mismatch, a throw, release, ten concurrent deliveries, lease mode
+#      resumed at a checkpoint, abort);
+#   4. examples/run_tests.sh for the sample apps express, fastify and
+#      nestjs, over the app of step 1 (examples/http_test.py, 38 checks
+#      each).
+# Prints TAP-style lines, then "node integration: N of M tests passed."
+# (each app's checks counted one by one); exits 1 if any failed.  Installs
+# nodejs and npm (Debian's) when absent.  About 3 to 4 minutes, most of it
+# npm's downloads.
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=scripts/common.sh
+source "$here/../../scripts/common.sh"
+name="node integration"
+[[ -n ${PGHOST:-} && -n ${PGPORT:-} ]] || die "PGHOST and PGPORT must name the test cluster"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-node.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+n=0 passed=0
+# ok COND WHAT [DETAIL FILE]
+ok() {
+	n=$((n + 1))
+	if [[ $1 == 0 ]]; then
+		passed=$((passed + 1))
+		echo "ok $n - $2"
+	else
+		echo "not ok $n - $2"
+		if [[ -n ${3:-} && -f $3 ]]; then
+			tail -n 40 "$3" | sed 's/^/#   /'
+		fi
+	fi
+}
+finish() {
+	echo "1..$n"
+	echo "$name: $passed of $n tests passed."
+	((passed == n)) || exit 1
+	exit 0
+}
+t0=$SECONDS
+
+# ---- 1. build, pack, install into a fresh app
+log "building pg-idempotency and installing its .tgz into a fresh app"
+tgz=$(bash "$here/build.sh" "$tmp/build" 2>"$tmp/build.log" | tail -n 1)
+rc=$?
+[[ $rc == 0 && -f $tgz ]]
+ok $? "npm ci, npm pack, and npm install of the .tgz into a fresh app ($((SECONDS - t0)) s)" "$tmp/build.log"
+if [[ ! -f ${tgz:-} ]]; then
+	finish
+fi
+app=$tmp/build/app
+files=$(tar -tzf "$tgz")
+absent=
+for f in package.json README.md dist/index.js dist/index.d.ts dist/core.d.ts dist/express.d.ts \
+	dist/fastify.d.ts dist/nestjs.js dist/nestjs.d.ts dist/wrapper.d.ts; do
+	grep -qx "package/$f" <<<"$files" || absent+=" $f"
+done
+surplus=$(grep -v -e '^package/dist/' -e '^package/package.json$' -e '^package/README.md$' <<<"$files" || true)
+[[ -z $absent && -z $surplus ]]
+ok $? "the .tgz ships dist/ with its .d.ts files, package.json and README.md, nothing else (absent:${absent:- none}; other: ${surplus:-none})"
+deps=$(cd "$app" && node -e '
+	const p = require("pg-idempotency/package.json");
+	console.log(Object.keys(p.dependencies || {}).join(" ") + " | " + Object.keys(p.peerDependencies || {}).sort().join(" "));' 2>&1)
+[[ $deps == "pg | @nestjs/common express fastify rxjs" ]]
+ok $? "installed from the .tgz, it depends on pg only; the frameworks are peers ($deps)"
+where=$(cd "$app" && node -e 'console.log(require.resolve("pg-idempotency"), require.resolve("pg-idempotency/nestjs"))' 2>&1)
+[[ $where == "$app/node_modules/pg-idempotency/dist/index.js $app/node_modules/pg-idempotency/dist/nestjs.js" ]]
+ok $? "the sample apps load the installed package ($where)"
+(cd "$app" && node node_modules/typescript/bin/tsc --noEmit --strict --skipLibCheck --module node16 \
+	--moduleResolution node16 --esModuleInterop --types node types.ts) >"$tmp/types.out" 2>&1
+ok $? "a TypeScript consumer (conformance/types.ts) type-checks against the shipped .d.ts files, both entry points" "$tmp/types.out"
+
+# ---- 2. the README's quick start, as written
+log "README.md's quick start"
+db=idem_node_quickstart
+psql=("$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1)
+"${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >"$tmp/qs-db.log" 2>&1
+ok $? "database $db for the quick start" "$tmp/qs-db.log"
+# The repository's layout, with this folder's sources (not its
+# node_modules, dist or .tgz files, if any).
+mkdir -p "$tmp/repo/integrations/node"
+(cd "$here" && tar --exclude=./node_modules --exclude=./dist --exclude='./*.tgz' -cf - .) |
+	(cd "$tmp/repo/integrations/node" && tar -xf -)
+port=$(free_port)
+python3 - "$here/README.md" "$tmp/quickstart.sh" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+out = ["set -euo pipefail",
+       "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT",
+       "wait_http() {  # a server started in the background answers",
+       "  for _ in $(seq 1 300); do",
+       "    curl -s -o /dev/null \"localhost:$PORT/\" && return 0",
+       "    [[ -n $(jobs -rp) ]] || { echo 'the server died' >&2; return 1; }",
+       "    sleep 0.1",
+       "  done; return 1; }"]
+blocks = re.findall(r"^```([^\n]*)\n(.*?)^```$", text, re.S | re.M)
+for info, body in blocks:
+    words = info.split()
+    lang = words[0] if words else ""
+    if lang == "sh":
+        out.append(body)
+        if body.rstrip().endswith("&"):
+            out.append("wait_http")
+    elif lang == "js" and len(words) == 2:
+        out.append("cat > %s <<'README_EOF'\n%sREADME_EOF" % (words[1], body))
+    elif lang == "sql":
+        out.append("\"$PSQL\" -X -q -v ON_ERROR_STOP=1 <<'README_EOF'\n%sREADME_EOF" % body)
+    else:
+        sys.exit("README.md: a ```%s block that the test cannot run" % info)
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+EOF
+(cd "$tmp/repo" && PSQL=$PG_BINDIR/psql PGDATABASE=$db PORT=$port timeout 600 bash "$tmp/quickstart.sh") >"$tmp/qs.out" 2>&1
+ok $? "README.md's quick start runs as written (install, SQL, Express app, curl, job)" "$tmp/qs.out"
+[[ $(grep -c '^HTTP/1.1 201' "$tmp/qs.out") == 2 && $(grep -ci '^Idempotent-Replayed: true' "$tmp/qs.out") == 1 ]] &&
+	[[ $(grep '^{"id":' "$tmp/qs.out" | sort -u | wc -l) == 2 ]]
+ok $? "quick start: the Express retry is a replay of the same 201; the job prints one id twice per message" "$tmp/qs.out"
+counts=$("${psql[@]}" -d "$db" -At -c "SELECT string_agg(item || '=' || n, ' ' ORDER BY item) FROM (SELECT item, count(*) n FROM orders GROUP BY item) s" 2>&1)
+[[ $counts == "book=1 pen=1" ]]
+ok $? "quick start: one order row per key ($counts)"
+bodies=$(grep '^{"id":' "$tmp/qs.out" | head -n 2 | sort -u | wc -l)
+[[ $bodies == 1 ]]
+ok $? "quick start: the two curl answers are the same body bytes"
+"${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
+
+# ---- 3. the plain wrapper, idempotent(), driven directly (conformance/wrapper.js)
+log "idempotent(), the wrapper for jobs"
+db=idem_node_wrapper
+out=$tmp/wrapper.out
+if "${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >"$out" 2>&1 &&
+	"${psql[@]}" -d "$db" -c "CREATE EXTENSION idempotency" >>"$out" 2>&1; then
+	(cd "$app" && PGDATABASE=$db timeout 300 node wrapper.js) >>"$out" 2>&1
+fi
+line=$(grep -E "^wrapper: [0-9]+ of [0-9]+ tests passed\.$" "$out" | tail -n 1)
+if [[ -n $line ]]; then
+	read -r got total < <(sed -E 's/.*: ([0-9]+) of ([0-9]+) tests passed\./\1 \2/' <<<"$line")
+else
+	got=0 total=1
+	tail -n 20 "$out" | sed 's/^/#   /'
+fi
+sed -nE 's/^(not )?ok [0-9]+ - (.*)/\1ok - wrapper: \2/p; /^#   /p' "$out"
+n=$((n + total)) passed=$((passed + got))
+"${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
+
+# ---- 4. the sample apps, driven by examples/http_test.py
+for which in express fastify nestjs; do
+	log "examples/run_tests.sh $which"
+	out=$tmp/run-$which.out
+	PG_IDEMPOTENCY_APP=$app bash "$REPO_ROOT/examples/run_tests.sh" "$which" >"$out" 2>&1
+	rc=$?
+	line=$(grep -E "^$which example \(HTTP\): [0-9]+ of [0-9]+ tests passed\.$" "$out" | tail -n 1)
+	if [[ -n $line ]]; then
+		read -r got total < <(sed -E 's/.*: ([0-9]+) of ([0-9]+) tests passed\./\1 \2/' <<<"$line")
+	else
+		got=0 total=1
+	fi
+	sed -nE "s/^(not )?ok [0-9]+ - (.*)/\1ok - $which: \2/p" "$out"
+	if ((rc != 0)); then
+		grep -E '^#' "$out" | tail -n 60
+		((total > got)) || total=$((got + 1))
+	fi
+	echo "# $line"
+	n=$((n + total)) passed=$((passed + got))
+done
+
+echo "# $name: $((SECONDS - t0)) s"
+finish
