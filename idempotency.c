@@ -800,23 +800,31 @@ idem_acquire_open(FunctionCallInfo fcinfo, IdemAcquire *st)
  * the DEFAULT partition or deletes it once expired.  So a live completed
  * record that the statement's snapshot sees already answers, replay or
  * mismatch, as it would under the key lock, and a replay takes no lock at
- * all.  The read looks only where the filters say the key may be, so a new
- * key pays no index descent here; anything else (no record seen, or one not
- * completed) is read again under the lock.  Only under READ COMMITTED: a
- * transaction snapshot can be older than a record deleted by hand and
- * claimed anew, which the check after the locked read turns into a
- * serialization failure.
+ * all.  Anything else (no record seen, or one not completed) is read again
+ * under the lock.  Only under READ COMMITTED: a transaction snapshot can be
+ * older than a record deleted by hand and claimed anew, which the check
+ * after the locked read turns into a serialization failure.
+ *
+ * The read does not depend on the known-absent filters (filter.c): a
+ * partition whose filter rules the key out is passed by, so that a new key
+ * pays no index descent there, and every other live partition is probed
+ * with the same snapshot, whether its filter says "maybe" or there is none
+ * to ask (library not preloaded, use_filters off, filter not built yet, no
+ * slot left for this database).  The filters only ever rule out partitions
+ * that hold no version of the key, so what the read finds, and hence the
+ * argument above, is the same with them and without them.  Where no filter
+ * can answer, a new key pays for this look the probes that the locked read
+ * then makes again.
  */
 static bool
 idem_acquire_replay_unlocked(IdemAcquire *st, TimestampTz now)
 {
 	IdemRecord *rec = &st->kr.rec;
 
-	if (IsolationUsesXactSnapshot() || !idem_filter_usable() ||
-		!ActiveSnapshotSet())
+	if (IsolationUsesXactSnapshot() || !ActiveSnapshotSet())
 		return false;
-	idem_records_find_filtered(st->parent, &st->key, now, st->hint,
-							   GetActiveSnapshot(), rec);
+	idem_records_find(st->parent, &st->key, now, st->hint,
+					  GetActiveSnapshot(), rec);
 	if (!rec->completed || !idem_settled(rec, st->hash, &st->outcome))
 		return false;
 	st->have_record = true;

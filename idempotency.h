@@ -246,9 +246,6 @@ extern void idem_records_close(Relation parent);
 extern void idem_records_find(Relation parent, const IdemKey *k,
 							  TimestampTz now, TimestampTz hint,
 							  Snapshot snapshot, IdemRecord *rec);
-extern void idem_records_find_filtered(Relation parent, const IdemKey *k,
-									   TimestampTz now, TimestampTz hint,
-									   Snapshot snapshot, IdemRecord *rec);
 extern void idem_records_insert(Relation parent, const IdemKey *k,
 								const IdemNewRecord *nr, IdemPlace *place);
 extern bool idem_records_fetch(Relation parent, const IdemPlace *place,

@@ -196,7 +196,6 @@ typedef struct IdemSearch
 	const IdemKey *k;			/* the strings and the kind looked for */
 	TimestampTz now;			/* records that expire by then are dead */
 	Snapshot	snapshot;
-	bool		filtered;		/* only where a filter says "maybe" */
 	bool		use_filter;		/* filters may be asked */
 	uint64		hash;			/* the key's filter hash, if use_filter */
 	IdemRecord *rec;			/* the answer */
@@ -775,7 +774,12 @@ idem_probe(const IdemSearch *s, Oid relid, bool maybe)
 	 * slot before the application's own tables are touched.  Letting go
 	 * early is safe: nothing of the partition is kept, a version of our key
 	 * can only be added under the key lock we hold, and maintenance cannot
-	 * drop or detach the partition while we hold the parent's lock.
+	 * drop or detach the partition while we hold the parent's lock.  Without
+	 * the key lock (idem_acquire's unlocked read, MVCC snapshot), an empty
+	 * partition holds no version that the snapshot sees either: such a
+	 * version was committed before the snapshot was taken, on a page added
+	 * before it was written, and no vacuum takes that page away while the
+	 * snapshot may see its tuple.
 	 *
 	 * A partition whose filter has every bit of the key (maybe) most likely
 	 * holds the key's record: the lseek, a system call on every replay, is
@@ -843,10 +847,8 @@ idem_trusted(Oid relid)
 /*
  * The search's step at partition relid: pass it by, without opening it,
  * where its filter, if it may be asked (s->use_filter, and trusted, see
- * idem_trusted), rules the key out, and in a filtered search
- * (idem_records_find_filtered) also where there is no filter to ask; else
- * probe it.  True if the probe found the record.  *filter_slot: the hint of
- * idem_filter_check.
+ * idem_trusted), rules the key out; else probe it.  True if the probe found
+ * the record.  *filter_slot: the hint of idem_filter_check.
  */
 static inline bool
 idem_search_step(const IdemSearch *s, Oid relid, bool trusted,
@@ -858,8 +860,7 @@ idem_search_step(const IdemSearch *s, Oid relid, bool trusted,
 	{
 		if (trusted)
 			answer = idem_filter_check(relid, s->hash, filter_slot);
-		if (answer == IDEM_FILTER_ABSENT ||
-			(s->filtered && answer == IDEM_FILTER_UNKNOWN))
+		if (answer == IDEM_FILTER_ABSENT)
 			return false;
 	}
 	return idem_probe(s, relid, answer == IDEM_FILTER_MAYBE);
@@ -935,18 +936,16 @@ idem_search_list(Relation parent, PartitionDesc pd)
 }
 
 /*
- * The search of idem_records_find and idem_records_find_filtered, for the
- * record of k into *rec.
+ * The search of idem_records_find, for the record of k into *rec.
  *
  * A partition whose known-absent filter (filter.c) rules the key out is
  * not opened at all; the filter covers both kinds of record, so such a
- * partition holds no shadow either.  A filtered search also passes by every
- * partition whose filter cannot be asked.
+ * partition holds no shadow either.  Every other live partition is probed:
+ * one without a filter to ask as much as one whose filter says "maybe".
  */
 static void
 idem_search(Relation parent, const IdemKey *k, TimestampTz now,
-			TimestampTz hint, Snapshot snapshot, bool filtered,
-			IdemRecord *rec)
+			TimestampTz hint, Snapshot snapshot, IdemRecord *rec)
 {
 	PartitionDesc pd = RelationGetPartitionDesc(parent, true);
 	IdemSearch	s;
@@ -961,12 +960,9 @@ idem_search(Relation parent, const IdemKey *k, TimestampTz now,
 	s.k = k;
 	s.now = now;
 	s.snapshot = snapshot;
-	s.filtered = filtered;
 	s.use_filter = idem_filter_usable();
 	s.hash = 0;
 	s.rec = rec;
-	if (filtered && !s.use_filter)
-		return;
 	if (s.use_filter)
 		s.hash = idem_filter_hash(k->scope, k->key);
 
@@ -1029,28 +1025,18 @@ idem_search(Relation parent, const IdemKey *k, TimestampTz now,
  * record claimed just now with the default ttl would be), then towards the
  * older ranges, then the newer ones, and the DEFAULT partition last; the
  * first live record found ends the search, since there is at most one.
+ *
+ * Without the key lock and with an MVCC snapshot (idem_acquire's read of a
+ * completed record), the record found is the one that snapshot sees: the
+ * filters only pass by partitions that cannot hold the key, so with them or
+ * without them (not preloaded, not built, no slot left, use_filters off)
+ * the answer is the same.
  */
 void
 idem_records_find(Relation parent, const IdemKey *k, TimestampTz now,
 				  TimestampTz hint, Snapshot snapshot, IdemRecord *rec)
 {
-	idem_search(parent, k, now, hint, snapshot, false, rec);
-}
-
-/*
- * idem_records_find for an idempotency key, opening only the partitions
- * whose READY known-absent filter says the key may be there: a key that is
- * new costs no index descent, one that has a record the descent to it.  A
- * record found is the key's live record as snapshot sees it; not finding
- * one proves nothing.  Nothing is found when filters cannot be used.
- */
-void
-idem_records_find_filtered(Relation parent, const IdemKey *k,
-						   TimestampTz now, TimestampTz hint,
-						   Snapshot snapshot, IdemRecord *rec)
-{
-	Assert(!k->token);
-	idem_search(parent, k, now, hint, snapshot, true, rec);
+	idem_search(parent, k, now, hint, snapshot, rec);
 }
 
 /*
