@@ -197,6 +197,8 @@ typedef struct IdemSearch
 	TimestampTz now;			/* records that expire by then are dead */
 	Snapshot	snapshot;
 	bool		use_filter;		/* filters may be asked */
+	bool		probe_unknown;	/* probe where no filter answers */
+	bool		passed_unknown; /* passed one by for want of an answer */
 	uint64		hash;			/* the key's filter hash, if use_filter */
 	IdemRecord *rec;			/* the answer */
 } IdemSearch;
@@ -847,12 +849,13 @@ idem_trusted(Oid relid)
 /*
  * The search's step at partition relid: pass it by, without opening it,
  * where its filter, if it may be asked (s->use_filter, and trusted, see
- * idem_trusted), rules the key out; else probe it.  True if the probe found
- * the record.  *filter_slot: the hint of idem_filter_check.
+ * idem_trusted), rules the key out, or where no filter answers and the
+ * search probes only where one does (!s->probe_unknown: noted in
+ * s->passed_unknown); else probe it.  True if the probe found the record.
+ * *filter_slot: the hint of idem_filter_check.
  */
 static inline bool
-idem_search_step(const IdemSearch *s, Oid relid, bool trusted,
-				 int *filter_slot)
+idem_search_step(IdemSearch *s, Oid relid, bool trusted, int *filter_slot)
 {
 	IdemFilterAnswer answer = IDEM_FILTER_UNKNOWN;
 
@@ -862,6 +865,11 @@ idem_search_step(const IdemSearch *s, Oid relid, bool trusted,
 			answer = idem_filter_check(relid, s->hash, filter_slot);
 		if (answer == IDEM_FILTER_ABSENT)
 			return false;
+	}
+	if (answer == IDEM_FILTER_UNKNOWN && !s->probe_unknown)
+	{
+		s->passed_unknown = true;
+		return false;
 	}
 	return idem_probe(s, relid, answer == IDEM_FILTER_MAYBE);
 }
@@ -873,7 +881,7 @@ idem_search_step(const IdemSearch *s, Oid relid, bool trusted,
  * let an invalidation in.
  */
 static inline bool
-idem_search_part(const IdemSearch *s, int i)
+idem_search_part(IdemSearch *s, int i)
 {
 	IdemSearchPart *part = &idem_search_parts[i];
 	bool		trusted;
@@ -936,16 +944,20 @@ idem_search_list(Relation parent, PartitionDesc pd)
 }
 
 /*
- * The search of idem_records_find, for the record of k into *rec.
+ * The search of idem_records_find and idem_records_find_unlocked, for the
+ * record of k into *rec.
  *
  * A partition whose known-absent filter (filter.c) rules the key out is
  * not opened at all; the filter covers both kinds of record, so such a
- * partition holds no shadow either.  Every other live partition is probed:
- * one without a filter to ask as much as one whose filter says "maybe".
+ * partition holds no shadow either.  Every other live partition is probed,
+ * unless probe_unknown is false: then only those whose filter says
+ * "maybe".  True if a partition was passed by for want of a filter's
+ * answer.
  */
-static void
+static bool
 idem_search(Relation parent, const IdemKey *k, TimestampTz now,
-			TimestampTz hint, Snapshot snapshot, IdemRecord *rec)
+			TimestampTz hint, Snapshot snapshot, bool probe_unknown,
+			IdemRecord *rec)
 {
 	PartitionDesc pd = RelationGetPartitionDesc(parent, true);
 	IdemSearch	s;
@@ -956,13 +968,18 @@ idem_search(Relation parent, const IdemKey *k, TimestampTz now,
 
 	memset(rec, 0, sizeof(IdemRecord));
 	if (pd->boundinfo == NULL)
-		return;
+		return false;
 	s.k = k;
 	s.now = now;
 	s.snapshot = snapshot;
 	s.use_filter = idem_filter_usable();
+	s.probe_unknown = probe_unknown;
+	s.passed_unknown = false;
 	s.hash = 0;
 	s.rec = rec;
+	/* no filter to ask: every partition would be passed by */
+	if (!probe_unknown && !s.use_filter)
+		return true;
 	if (s.use_filter)
 		s.hash = idem_filter_hash(k->scope, k->key);
 
@@ -998,10 +1015,10 @@ idem_search(Relation parent, const IdemKey *k, TimestampTz now,
 	{
 		for (i = start; i >= lo; i--)
 			if (idem_search_part(&s, i))
-				return;
+				return false;
 		for (i = start + 1; i < n; i++)
 			if (idem_search_part(&s, i))
-				return;
+				return false;
 	}
 	if (OidIsValid(idem_search_default))
 	{
@@ -1010,6 +1027,7 @@ idem_search(Relation parent, const IdemKey *k, TimestampTz now,
 
 		(void) idem_search_step(&s, relid, idem_trusted(relid), &filter_slot);
 	}
+	return s.passed_unknown;
 }
 
 /*
@@ -1026,17 +1044,34 @@ idem_search(Relation parent, const IdemKey *k, TimestampTz now,
  * older ranges, then the newer ones, and the DEFAULT partition last; the
  * first live record found ends the search, since there is at most one.
  *
- * Without the key lock and with an MVCC snapshot (idem_acquire's read of a
- * completed record), the record found is the one that snapshot sees: the
- * filters only pass by partitions that cannot hold the key, so with them or
- * without them (not preloaded, not built, no slot left, use_filters off)
- * the answer is the same.
  */
 void
 idem_records_find(Relation parent, const IdemKey *k, TimestampTz now,
 				  TimestampTz hint, Snapshot snapshot, IdemRecord *rec)
 {
-	idem_search(parent, k, now, hint, snapshot, rec);
+	(void) idem_search(parent, k, now, hint, snapshot, true, rec);
+}
+
+/*
+ * idem_records_find for an idempotency key, without the key lock and with
+ * an MVCC snapshot (idem_acquire's read of a completed record).  everywhere:
+ * probe every live partition that no filter rules the key out of, as
+ * idem_records_find does; else only those whose READY filter says "maybe",
+ * so that a new key costs no index descent at all.  The filters only ever
+ * pass by partitions that hold no version of the key, so a record found is
+ * the key's live record as the snapshot sees it, with filters or without
+ * (not preloaded, not built, no slot left, use_filters off).  True if a
+ * partition was passed by for want of a filter's answer (never when
+ * everywhere): not finding a record then proves even less.
+ */
+bool
+idem_records_find_unlocked(Relation parent, const IdemKey *k,
+						   TimestampTz now, TimestampTz hint,
+						   Snapshot snapshot, bool everywhere,
+						   IdemRecord *rec)
+{
+	Assert(!k->token);
+	return idem_search(parent, k, now, hint, snapshot, everywhere, rec);
 }
 
 /*
