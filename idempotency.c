@@ -14,11 +14,13 @@
  * transaction's snapshot under REPEATABLE READ and SERIALIZABLE: keylock.c,
  * whose header says how and why.
  *
- * Replays.  A completed record never changes until it expires, so
- * idem_acquire answers a key whose completed record its statement's
- * snapshot sees without taking the key lock, where the known-absent
- * filters (filter.c) say which partitions to look in; everything else is
- * read again under the lock.
+ * Replays.  A completed record never changes until it expires, so under
+ * READ COMMITTED idem_acquire answers a key whose completed record its
+ * statement's snapshot sees without waiting for the key lock: without
+ * taking it where the known-absent filters (filter.c) answer for every live
+ * partition, else by reading without it whenever it is busy (see
+ * idem_acquire_replay_unlocked); everything else is read again under the
+ * lock.
  *
  * Clock.  "Now" is the server's clock at the time of the call
  * (clock_timestamp()), not the transaction's start: expiry and leases follow

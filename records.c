@@ -1043,7 +1043,6 @@ idem_search(Relation parent, const IdemKey *k, TimestampTz now,
  * record claimed just now with the default ttl would be), then towards the
  * older ranges, then the newer ones, and the DEFAULT partition last; the
  * first live record found ends the search, since there is at most one.
- *
  */
 void
 idem_records_find(Relation parent, const IdemKey *k, TimestampTz now,
