@@ -145,8 +145,15 @@ typedef struct IdemFilterShared
 static TimestampTz idem_filter_reinit_at = 0;
 static bool idem_filter_made = false;
 
-/* GUC variables */
-static int	idem_filters = 16;
+/*
+ * GUC variables.  The default number of slots serves four databases with
+ * the default partitioning (max_ttl / partition_interval + 3, plus DEFAULT:
+ * 11 live partitions each) and a few spare: every database of the server
+ * takes its slots from the same ones, and a database left without any
+ * pays an index descent per live partition for every new key.  A slot's
+ * bit array is touched only once a filter is built in it.
+ */
+static int	idem_filters = 48;
 static int	idem_filter_size = 1024;	/* kB */
 static bool idem_use_filters = true;
 
@@ -185,7 +192,7 @@ idem_filter_init(void)
 							"Number of partitions of idempotency.records that can have a known-absent filter.",
 							"Zero disables the filters.",
 							&idem_filters,
-							16, 0, 4096,
+							48, 0, 4096,
 							PGC_POSTMASTER,
 							0,
 							NULL, NULL, NULL);

@@ -14,11 +14,13 @@
  * transaction's snapshot under REPEATABLE READ and SERIALIZABLE: keylock.c,
  * whose header says how and why.
  *
- * Replays.  A completed record never changes until it expires, so
- * idem_acquire answers a key whose completed record its statement's
- * snapshot sees without taking the key lock, where the known-absent
- * filters (filter.c) say which partitions to look in; everything else is
- * read again under the lock.
+ * Replays.  A completed record never changes until it expires, so under
+ * READ COMMITTED idem_acquire answers a key whose completed record its
+ * statement's snapshot sees without waiting for the key lock: without
+ * taking it where the known-absent filters (filter.c) answer for every live
+ * partition, else by reading without it whenever it is busy (see
+ * idem_acquire_replay_unlocked); everything else is read again under the
+ * lock.
  *
  * Clock.  "Now" is the server's clock at the time of the call
  * (clock_timestamp()), not the transaction's start: expiry and leases follow
@@ -725,6 +727,8 @@ typedef struct IdemAcquire
 	TimestampTz hint;			/* where a new claim's record would go */
 	int			poll_ms;		/* the next sleep of a poll */
 	bool		locked;			/* the locked passes ran: kr is set up */
+	bool		unprobed;		/* the lock-free read passed partitions by
+								 * for want of a filter's answer */
 	IdemKeyRead kr;				/* kr.rec: the record the answer is about */
 	/* the answer */
 	IdemOutcome outcome;
@@ -799,28 +803,60 @@ idem_acquire_open(FunctionCallInfo fcinfo, IdemAcquire *st)
  * idem_release leave it alone, and maintenance only moves it whole out of
  * the DEFAULT partition or deletes it once expired.  So a live completed
  * record that the statement's snapshot sees already answers, replay or
- * mismatch, as it would under the key lock, and a replay takes no lock at
- * all.  The read looks only where the filters say the key may be, so a new
- * key pays no index descent here; anything else (no record seen, or one not
- * completed) is read again under the lock.  Only under READ COMMITTED: a
- * transaction snapshot can be older than a record deleted by hand and
- * claimed anew, which the check after the locked read turns into a
- * serialization failure.
+ * mismatch, as it would under the key lock, and such a replay takes no
+ * lock at all.  Anything else (no record seen, or one not completed) is
+ * read again under the lock.  Only under READ COMMITTED: a transaction
+ * snapshot can be older than a record deleted by hand and claimed anew,
+ * which the check after the locked read turns into a serialization
+ * failure.
+ *
+ * The known-absent filters (filter.c) only decide where the read looks,
+ * never what it finds: they pass by only partitions that hold no version
+ * of the key, so a record found is the one the snapshot sees, with them or
+ * without them, and the argument above holds either way.  The first look
+ * (everywhere false) probes only the partitions whose filter says "maybe",
+ * so that a new key pays no index descent for it; where filters can answer
+ * for every live partition, that is the whole read.  Where some cannot
+ * (library not preloaded, use_filters off, a filter not built yet or
+ * building, no slot left for this database, a partition this backend has
+ * not looked at yet), st->unprobed says so, and idem_acquire_replay_busy
+ * looks there too (everywhere true) when the key lock is busy.
  */
 static bool
-idem_acquire_replay_unlocked(IdemAcquire *st, TimestampTz now)
+idem_acquire_replay_unlocked(IdemAcquire *st, TimestampTz now,
+							 bool everywhere)
 {
 	IdemRecord *rec = &st->kr.rec;
 
-	if (IsolationUsesXactSnapshot() || !idem_filter_usable() ||
-		!ActiveSnapshotSet())
+	st->unprobed = false;
+	if (IsolationUsesXactSnapshot() || !ActiveSnapshotSet())
 		return false;
-	idem_records_find_filtered(st->parent, &st->key, now, st->hint,
-							   GetActiveSnapshot(), rec);
+	st->unprobed = idem_records_find_unlocked(st->parent, &st->key, now,
+											  st->hint, GetActiveSnapshot(),
+											  everywhere, rec);
 	if (!rec->completed || !idem_settled(rec, st->hash, &st->outcome))
 		return false;
 	st->have_record = true;
 	return true;
+}
+
+/*
+ * After a first lock-free look that passed partitions by for want of a
+ * filter's answer (st->unprobed) and settled nothing: take the key lock if
+ * it is free, for the first locked pass (false); if another session holds
+ * it, look for the completed record in every live partition without it
+ * (true if that answered).  So a replay never waits for the key lock, and
+ * a new key, whose lock is free, pays no second probe of the partitions
+ * that no filter rules out: probing them before the lock cost a new key a
+ * fifth more instructions (BENCHMARKS.md), as the locked read probes them
+ * again.  A replay that finds the lock free reads under it, as before.
+ */
+static bool
+idem_acquire_replay_busy(IdemAcquire *st, TimestampTz now)
+{
+	if (!st->unprobed || idem_key_read_try_lock(&st->kr))
+		return false;
+	return idem_acquire_replay_unlocked(st, now, true);
 }
 
 /*
@@ -1133,16 +1169,19 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 	st.deadline = TimestampTzPlusMilliseconds(now, idem_wait_timeout);
 	st.hint = now + st.ttl;
 
-	if (!idem_acquire_replay_unlocked(&st, now))
+	if (!idem_acquire_replay_unlocked(&st, now, false))
 	{
 		idem_key_read_init(&st.kr, st.parent, &st.key, st.deadline, st.ttl,
 						   NULL);
 		st.locked = true;
-		st.kr.writer_settles = idem_acquire_writer_settles;
-		st.kr.settles_arg = st.hash;
-		while (idem_acquire_locked_pass(&st) == IDEM_STEP_POLL &&
-			   idem_acquire_poll(&st))
-			;
+		if (!idem_acquire_replay_busy(&st, now))
+		{
+			st.kr.writer_settles = idem_acquire_writer_settles;
+			st.kr.settles_arg = st.hash;
+			while (idem_acquire_locked_pass(&st) == IDEM_STEP_POLL &&
+				   idem_acquire_poll(&st))
+				;
+		}
 		idem_key_read_end(&st.kr);
 	}
 

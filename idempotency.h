@@ -179,6 +179,8 @@ typedef struct IdemKeyRead
 	TimestampTz deadline;		/* DT_NOEND: no timeout of ours */
 	int64		hint_ttl;		/* where to look first, see there */
 	const IdemPlace *place;		/* this backend's last claim, or NULL */
+	bool		held;			/* the key lock is held for the first pass
+								 * (idem_key_read_try_lock) */
 
 	/*
 	 * Optional: does a version that another transaction is still writing
@@ -197,6 +199,7 @@ extern LockAcquireResult idem_lock(const LOCKTAG *tag, LOCKMODE mode,
 								   bool dontWait);
 extern void idem_unlock(const LOCKTAG *tag, LOCKMODE mode);
 extern void idem_wait_clock_count(const IdemWaitClock *clock);
+extern bool idem_key_read_try_lock(IdemKeyRead *kr);
 extern void idem_read_mvcc(Relation parent, const IdemKey *k,
 						   TimestampTz now, TimestampTz hint, IdemRecord *rec);
 extern void idem_key_read_init(IdemKeyRead *kr, Relation parent,
@@ -246,9 +249,10 @@ extern void idem_records_close(Relation parent);
 extern void idem_records_find(Relation parent, const IdemKey *k,
 							  TimestampTz now, TimestampTz hint,
 							  Snapshot snapshot, IdemRecord *rec);
-extern void idem_records_find_filtered(Relation parent, const IdemKey *k,
+extern bool idem_records_find_unlocked(Relation parent, const IdemKey *k,
 									   TimestampTz now, TimestampTz hint,
-									   Snapshot snapshot, IdemRecord *rec);
+									   Snapshot snapshot, bool everywhere,
+									   IdemRecord *rec);
 extern void idem_records_insert(Relation parent, const IdemKey *k,
 								const IdemNewRecord *nr, IdemPlace *place);
 extern bool idem_records_fetch(Relation parent, const IdemPlace *place,

@@ -507,6 +507,7 @@ idem_key_read_init(IdemKeyRead *kr, Relation parent, const IdemKey *k,
 	kr->place = place;
 	kr->writer_settles = NULL;
 	kr->settles_arg = NULL;
+	kr->held = false;
 	idem_passes_init(&kr->passes);
 	idem_wait_clock_init(&kr->clock);
 	kr->now = 0;
@@ -529,6 +530,11 @@ idem_key_read_end(IdemKeyRead *kr)
 static bool
 idem_lock_key(IdemKeyRead *kr)
 {
+	if (kr->held)
+	{
+		kr->held = false;
+		return true;
+	}
 	if (kr->deadline == DT_NOEND)
 	{
 		(void) idem_lock(&kr->tag, ExclusiveLock, false);
@@ -538,6 +544,21 @@ idem_lock_key(IdemKeyRead *kr)
 						  TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
 														  kr->deadline),
 						  &kr->clock);
+}
+
+/*
+ * Take the key lock of kr if it is free, without waiting; true if it is
+ * held now, for the first pass of idem_lock_and_read to read under (no wait
+ * was timed).  Before any pass.
+ */
+bool
+idem_key_read_try_lock(IdemKeyRead *kr)
+{
+	Assert(kr->passes.npasses == 0 && !kr->held);
+	if (idem_lock(&kr->tag, ExclusiveLock, true) == LOCKACQUIRE_NOT_AVAIL)
+		return false;
+	kr->held = true;
+	return true;
 }
 
 /*

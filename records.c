@@ -196,8 +196,9 @@ typedef struct IdemSearch
 	const IdemKey *k;			/* the strings and the kind looked for */
 	TimestampTz now;			/* records that expire by then are dead */
 	Snapshot	snapshot;
-	bool		filtered;		/* only where a filter says "maybe" */
 	bool		use_filter;		/* filters may be asked */
+	bool		probe_unknown;	/* probe where no filter answers */
+	bool		passed_unknown; /* passed one by for want of an answer */
 	uint64		hash;			/* the key's filter hash, if use_filter */
 	IdemRecord *rec;			/* the answer */
 } IdemSearch;
@@ -775,7 +776,12 @@ idem_probe(const IdemSearch *s, Oid relid, bool maybe)
 	 * slot before the application's own tables are touched.  Letting go
 	 * early is safe: nothing of the partition is kept, a version of our key
 	 * can only be added under the key lock we hold, and maintenance cannot
-	 * drop or detach the partition while we hold the parent's lock.
+	 * drop or detach the partition while we hold the parent's lock.  Without
+	 * the key lock (idem_acquire's unlocked read, MVCC snapshot), an empty
+	 * partition holds no version that the snapshot sees either: such a
+	 * version was committed before the snapshot was taken, on a page added
+	 * before it was written, and no vacuum takes that page away while the
+	 * snapshot may see its tuple.
 	 *
 	 * A partition whose filter has every bit of the key (maybe) most likely
 	 * holds the key's record: the lseek, a system call on every replay, is
@@ -843,14 +849,13 @@ idem_trusted(Oid relid)
 /*
  * The search's step at partition relid: pass it by, without opening it,
  * where its filter, if it may be asked (s->use_filter, and trusted, see
- * idem_trusted), rules the key out, and in a filtered search
- * (idem_records_find_filtered) also where there is no filter to ask; else
- * probe it.  True if the probe found the record.  *filter_slot: the hint of
- * idem_filter_check.
+ * idem_trusted), rules the key out, or where no filter answers and the
+ * search probes only where one does (!s->probe_unknown: noted in
+ * s->passed_unknown); else probe it.  True if the probe found the record.
+ * *filter_slot: the hint of idem_filter_check.
  */
 static inline bool
-idem_search_step(const IdemSearch *s, Oid relid, bool trusted,
-				 int *filter_slot)
+idem_search_step(IdemSearch *s, Oid relid, bool trusted, int *filter_slot)
 {
 	IdemFilterAnswer answer = IDEM_FILTER_UNKNOWN;
 
@@ -858,9 +863,13 @@ idem_search_step(const IdemSearch *s, Oid relid, bool trusted,
 	{
 		if (trusted)
 			answer = idem_filter_check(relid, s->hash, filter_slot);
-		if (answer == IDEM_FILTER_ABSENT ||
-			(s->filtered && answer == IDEM_FILTER_UNKNOWN))
+		if (answer == IDEM_FILTER_ABSENT)
 			return false;
+	}
+	if (answer == IDEM_FILTER_UNKNOWN && !s->probe_unknown)
+	{
+		s->passed_unknown = true;
+		return false;
 	}
 	return idem_probe(s, relid, answer == IDEM_FILTER_MAYBE);
 }
@@ -872,7 +881,7 @@ idem_search_step(const IdemSearch *s, Oid relid, bool trusted,
  * let an invalidation in.
  */
 static inline bool
-idem_search_part(const IdemSearch *s, int i)
+idem_search_part(IdemSearch *s, int i)
 {
 	IdemSearchPart *part = &idem_search_parts[i];
 	bool		trusted;
@@ -935,17 +944,19 @@ idem_search_list(Relation parent, PartitionDesc pd)
 }
 
 /*
- * The search of idem_records_find and idem_records_find_filtered, for the
+ * The search of idem_records_find and idem_records_find_unlocked, for the
  * record of k into *rec.
  *
  * A partition whose known-absent filter (filter.c) rules the key out is
  * not opened at all; the filter covers both kinds of record, so such a
- * partition holds no shadow either.  A filtered search also passes by every
- * partition whose filter cannot be asked.
+ * partition holds no shadow either.  Every other live partition is probed,
+ * unless probe_unknown is false: then only those whose filter says
+ * "maybe".  True if a partition was passed by for want of a filter's
+ * answer.
  */
-static void
+static bool
 idem_search(Relation parent, const IdemKey *k, TimestampTz now,
-			TimestampTz hint, Snapshot snapshot, bool filtered,
+			TimestampTz hint, Snapshot snapshot, bool probe_unknown,
 			IdemRecord *rec)
 {
 	PartitionDesc pd = RelationGetPartitionDesc(parent, true);
@@ -957,16 +968,18 @@ idem_search(Relation parent, const IdemKey *k, TimestampTz now,
 
 	memset(rec, 0, sizeof(IdemRecord));
 	if (pd->boundinfo == NULL)
-		return;
+		return false;
 	s.k = k;
 	s.now = now;
 	s.snapshot = snapshot;
-	s.filtered = filtered;
 	s.use_filter = idem_filter_usable();
+	s.probe_unknown = probe_unknown;
+	s.passed_unknown = false;
 	s.hash = 0;
 	s.rec = rec;
-	if (filtered && !s.use_filter)
-		return;
+	/* no filter to ask: every partition would be passed by */
+	if (!probe_unknown && !s.use_filter)
+		return true;
 	if (s.use_filter)
 		s.hash = idem_filter_hash(k->scope, k->key);
 
@@ -1002,10 +1015,10 @@ idem_search(Relation parent, const IdemKey *k, TimestampTz now,
 	{
 		for (i = start; i >= lo; i--)
 			if (idem_search_part(&s, i))
-				return;
+				return false;
 		for (i = start + 1; i < n; i++)
 			if (idem_search_part(&s, i))
-				return;
+				return false;
 	}
 	if (OidIsValid(idem_search_default))
 	{
@@ -1014,6 +1027,7 @@ idem_search(Relation parent, const IdemKey *k, TimestampTz now,
 
 		(void) idem_search_step(&s, relid, idem_trusted(relid), &filter_slot);
 	}
+	return s.passed_unknown;
 }
 
 /*
@@ -1034,23 +1048,29 @@ void
 idem_records_find(Relation parent, const IdemKey *k, TimestampTz now,
 				  TimestampTz hint, Snapshot snapshot, IdemRecord *rec)
 {
-	idem_search(parent, k, now, hint, snapshot, false, rec);
+	(void) idem_search(parent, k, now, hint, snapshot, true, rec);
 }
 
 /*
- * idem_records_find for an idempotency key, opening only the partitions
- * whose READY known-absent filter says the key may be there: a key that is
- * new costs no index descent, one that has a record the descent to it.  A
- * record found is the key's live record as snapshot sees it; not finding
- * one proves nothing.  Nothing is found when filters cannot be used.
+ * idem_records_find for an idempotency key, without the key lock and with
+ * an MVCC snapshot (idem_acquire's read of a completed record).  everywhere:
+ * probe every live partition that no filter rules the key out of, as
+ * idem_records_find does; else only those whose READY filter says "maybe",
+ * so that a new key costs no index descent at all.  The filters only ever
+ * pass by partitions that hold no version of the key, so a record found is
+ * the key's live record as the snapshot sees it, with filters or without
+ * (not preloaded, not built, no slot left, use_filters off).  True if a
+ * partition was passed by for want of a filter's answer (never when
+ * everywhere): not finding a record then proves even less.
  */
-void
-idem_records_find_filtered(Relation parent, const IdemKey *k,
+bool
+idem_records_find_unlocked(Relation parent, const IdemKey *k,
 						   TimestampTz now, TimestampTz hint,
-						   Snapshot snapshot, IdemRecord *rec)
+						   Snapshot snapshot, bool everywhere,
+						   IdemRecord *rec)
 {
 	Assert(!k->token);
-	idem_search(parent, k, now, hint, snapshot, true, rec);
+	return idem_search(parent, k, now, hint, snapshot, everywhere, rec);
 }
 
 /*
