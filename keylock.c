@@ -438,6 +438,15 @@ idem_passes_end(IdemPasses *passes, IdemRecord *rec)
 		rec->request_hash = datumCopy(rec->request_hash, false, -1);
 	if (rec->found && !rec->body_null)
 		rec->response_body = datumCopy(rec->response_body, false, -1);
+	/* the 1.2 columns, which a replay or a takeover after a wait returns */
+	if (rec->found && !rec->phase_null)
+		rec->phase = datumCopy(rec->phase, false, -1);
+	if (rec->found && !rec->state_null)
+		rec->state = datumCopy(rec->state, false, -1);
+	if (rec->found && !rec->headers_null)
+		rec->response_headers = datumCopy(rec->response_headers, false, -1);
+	if (rec->found && !rec->trace_null)
+		rec->trace = datumCopy(rec->trace, false, -1);
 	MemoryContextDelete(passes->pass);
 	passes->pass = NULL;
 }
