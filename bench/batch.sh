@@ -81,24 +81,12 @@ start_cluster fast
 PGBENCH=$PG_BINDIR/pgbench
 psql=("$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -d idem_batch)
 "$PG_BINDIR/psql" -X -q -c 'CREATE DATABASE idem_batch'
+"${psql[@]}" -c 'CREATE SCHEMA bench' -f "$BENCH_DIR/article_table.sql"
 "${psql[@]}" <<-'EOF'
 	CREATE EXTENSION idempotency;
-	CREATE SCHEMA bench;
 	-- no unique index: a message shipped twice is counted, not refused
 	CREATE TABLE bench.shipped (event_id text NOT NULL, tx bigint NOT NULL);
 	CREATE INDEX ON bench.shipped (tx);
-	-- the article's table (bench/setup.sql)
-	CREATE TABLE bench.idempotency_records (
-	    id              bigserial PRIMARY KEY,
-	    idempotency_key varchar(255) NOT NULL UNIQUE,
-	    request_hash    varchar(64),
-	    status          varchar(16) NOT NULL DEFAULT 'PROCESSING',
-	    response_status int,
-	    response_body   jsonb,
-	    created_at      timestamptz NOT NULL DEFAULT now(),
-	    updated_at      timestamptz NOT NULL DEFAULT now(),
-	    expires_at      timestamptz NOT NULL
-	);
 EOF
 
 CASES=(ext_batch ext_single article_batch article_single)
