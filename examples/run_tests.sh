@@ -17,7 +17,15 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/common.sh"
 
 which=${1:?usage: run_tests.sh gin|python|APP}
-name="$which example (HTTP)"
+# IDEM_EDITION: c (the default), the C extension, made by the superuser
+# with CREATE EXTENSION; sql, the SQL edition (sql-edition/), installed and
+# used by a role that is not superuser.
+edition=${IDEM_EDITION:-c}
+case $edition in
+	c) name="$which example (HTTP)" ;;
+	sql) name="$which example (HTTP, sql edition)" ;;
+	*) die "IDEM_EDITION must be c or sql, not $edition" ;;
+esac
 here=$REPO_ROOT/examples
 # Debian's own Python: the one python3-psycopg and python3-psycopg-pool are for
 python=/usr/bin/python3
@@ -56,11 +64,40 @@ did_not_run() {
 
 db=idem_example_$which
 psql=("$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1)
-"${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" ||
-	did_not_run "could not create database $db"
-"${psql[@]}" -d "$db" -c 'CREATE EXTENSION idempotency' -f "$here/schema.sql" ||
-	did_not_run "could not set up database $db"
-dsn="host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=$db"
+case $edition in
+	c)
+		"${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" ||
+			did_not_run "could not create database $db"
+		"${psql[@]}" -d "$db" -c 'CREATE EXTENSION idempotency' -f "$here/schema.sql" ||
+			did_not_run "could not set up database $db"
+		dsn="host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=$db"
+		;;
+	sql)
+		# As on a managed service: the superuser makes a role that is not
+		# superuser (no CREATEROLE, no CREATEDB) and its database; that
+		# role runs the plain script (psql -f, sql-edition/README.md) and
+		# examples/schema.sql, and the app and the driver connect as it.
+		# psql runs as this user, over TCP: nothing is read as postgres.
+		owner=${db}_owner   # one per example: dropped with its database
+		make -s --no-print-directory -C "$REPO_ROOT/sql-edition" >/dev/null ||
+			did_not_run "make -C sql-edition failed"
+		"${psql[@]}" -d postgres -c "SET client_min_messages = warning" \
+			-c "DROP DATABASE IF EXISTS $db" -c "DROP ROLE IF EXISTS $owner" \
+			-c "CREATE ROLE $owner LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB" \
+			-c "CREATE DATABASE $db OWNER $owner" ||
+			did_not_run "could not create role $owner and database $db"
+		"${psql[@]}" -U "$owner" -d "$db" -f "$REPO_ROOT/sql-edition/build/idempotency_sql.psql" \
+			-f "$here/schema.sql" >/dev/null ||
+			did_not_run "could not set up database $db (the SQL edition's plain script as $owner)"
+		# the edition it is: its helpers' schema, no C extension, an owner
+		# that is not superuser
+		[[ $("${psql[@]}" -U "$owner" -d "$db" -At -c "SELECT to_regnamespace('idempotency_sql') IS NOT NULL
+			AND NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'idempotency')
+			AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)") == t ]] ||
+			did_not_run "database $db does not hold the SQL edition alone, or $owner is superuser"
+		dsn="host=$PGHOST port=$PGPORT user=$owner dbname=$db"
+		;;
+esac
 
 case $which in
 	gin)
