@@ -11,6 +11,13 @@
 # them.  The last line is "<name>: N of M tests passed." (a failure
 # before the requests counts as one failed test).  Exits 1 if anything
 # failed.
+#
+# IDEM_EDITION=sql: the same over the SQL edition (sql-edition/) instead,
+# installed by the database's owner, a role that is not superuser, with the
+# plain script, and called by an app role with docs/reference.md's grants
+# (see the sql arm below); <name> then ends in "(HTTP, sql edition)".
+# sql-edition/test.sh runs it so.  Every check of examples/http_test.py
+# applies to both editions.
 set -euo pipefail
 
 # shellcheck source=scripts/common.sh
@@ -73,29 +80,43 @@ case $edition in
 		dsn="host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=$db"
 		;;
 	sql)
-		# As on a managed service: the superuser makes a role that is not
-		# superuser (no CREATEROLE, no CREATEDB) and its database; that
-		# role runs the plain script (psql -f, sql-edition/README.md) and
-		# examples/schema.sql, and the app and the driver connect as it.
-		# psql runs as this user, over TCP: nothing is read as postgres.
-		owner=${db}_owner   # one per example: dropped with its database
+		# As on a managed service: the superuser (the service's
+		# administrator) makes two roles that are not superuser (no
+		# CREATEROLE, no CREATEDB), the database's owner and the app's, and
+		# the database; the owner runs the plain script (psql -f,
+		# sql-edition/README.md) and examples/schema.sql, and grants the
+		# app's role what docs/reference.md's "Privileges" lists (its first
+		# sql block, read from there) and the example's tables; the app and
+		# the driver connect as the app's role.  psql runs as this user,
+		# over TCP: nothing is read as postgres.  One pair of roles per
+		# example, dropped with its database.
+		owner=${db}_owner app=${db}_app
 		make -s --no-print-directory -C "$REPO_ROOT/sql-edition" >/dev/null ||
 			did_not_run "make -C sql-edition failed"
 		"${psql[@]}" -d postgres -c "SET client_min_messages = warning" \
-			-c "DROP DATABASE IF EXISTS $db" -c "DROP ROLE IF EXISTS $owner" \
+			-c "DROP DATABASE IF EXISTS $db" -c "DROP ROLE IF EXISTS $owner" -c "DROP ROLE IF EXISTS $app" \
 			-c "CREATE ROLE $owner LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB" \
+			-c "CREATE ROLE $app LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB" \
 			-c "CREATE DATABASE $db OWNER $owner" ||
-			did_not_run "could not create role $owner and database $db"
+			did_not_run "could not create the roles $owner, $app and database $db"
+		grants=$(awk '/^## Privileges/ { p = 1; next } p && /^## / { exit }
+			p && /^```sql/ { b = 1; next } b && /^```/ { exit } b' "$REPO_ROOT/docs/reference.md")
+		grep -q 'TO app;' <<<"$grants" || did_not_run "no grants TO app in docs/reference.md's Privileges"
 		"${psql[@]}" -U "$owner" -d "$db" -f "$REPO_ROOT/sql-edition/build/idempotency_sql.psql" \
-			-f "$here/schema.sql" >/dev/null ||
+			-f "$here/schema.sql" -c "${grants//TO app;/TO $app;}" \
+			-c "GRANT USAGE ON SCHEMA shop TO $app" \
+			-c "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA shop TO $app" \
+			-c "GRANT USAGE ON ALL SEQUENCES IN SCHEMA shop TO $app" >/dev/null ||
 			did_not_run "could not set up database $db (the SQL edition's plain script as $owner)"
-		# the edition it is: its helpers' schema, no C extension, an owner
-		# that is not superuser
-		[[ $("${psql[@]}" -U "$owner" -d "$db" -At -c "SELECT to_regnamespace('idempotency_sql') IS NOT NULL
+		# the edition it is: its helpers' schema, no C extension, roles
+		# that are not superuser, the app's not owning the records
+		[[ $("${psql[@]}" -U "$app" -d "$db" -At -c "SELECT to_regnamespace('idempotency_sql') IS NOT NULL
 			AND NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'idempotency')
-			AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)") == t ]] ||
-			did_not_run "database $db does not hold the SQL edition alone, or $owner is superuser"
-		dsn="host=$PGHOST port=$PGPORT user=$owner dbname=$db"
+			AND NOT EXISTS (SELECT FROM pg_roles WHERE rolname IN ('$owner', '$app') AND rolsuper)
+			AND (SELECT tableowner FROM pg_tables WHERE schemaname = 'idempotency'
+			     AND tablename = 'records') = '$owner'") == t ]] ||
+			did_not_run "database $db does not hold the SQL edition alone, owned by $owner (not superuser)"
+		dsn="host=$PGHOST port=$PGPORT user=$app dbname=$db"
 		;;
 esac
 
