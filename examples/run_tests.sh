@@ -11,13 +11,28 @@
 # them.  The last line is "<name>: N of M tests passed." (a failure
 # before the requests counts as one failed test).  Exits 1 if anything
 # failed.
+#
+# IDEM_EDITION=sql: the same over the SQL edition (sql-edition/) instead,
+# installed by the database's owner, a role that is not superuser, with the
+# plain script, and called by an app role with docs/reference.md's grants
+# (see the sql arm below); <name> then ends in "(HTTP, sql edition)".
+# sql-edition/test.sh runs it so.  Every check of examples/http_test.py
+# applies to both editions.
 set -euo pipefail
 
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/common.sh"
 
 which=${1:?usage: run_tests.sh gin|python|APP}
-name="$which example (HTTP)"
+# IDEM_EDITION: c (the default), the C extension, made by the superuser
+# with CREATE EXTENSION; sql, the SQL edition (sql-edition/), installed and
+# used by a role that is not superuser.
+edition=${IDEM_EDITION:-c}
+case $edition in
+	c) name="$which example (HTTP)" ;;
+	sql) name="$which example (HTTP, sql edition)" ;;
+	*) die "IDEM_EDITION must be c or sql, not $edition" ;;
+esac
 here=$REPO_ROOT/examples
 # Debian's own Python: the one python3-psycopg and python3-psycopg-pool are for
 python=/usr/bin/python3
@@ -56,11 +71,54 @@ did_not_run() {
 
 db=idem_example_$which
 psql=("$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1)
-"${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" ||
-	did_not_run "could not create database $db"
-"${psql[@]}" -d "$db" -c 'CREATE EXTENSION idempotency' -f "$here/schema.sql" ||
-	did_not_run "could not set up database $db"
-dsn="host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=$db"
+case $edition in
+	c)
+		"${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" ||
+			did_not_run "could not create database $db"
+		"${psql[@]}" -d "$db" -c 'CREATE EXTENSION idempotency' -f "$here/schema.sql" ||
+			did_not_run "could not set up database $db"
+		dsn="host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=$db"
+		;;
+	sql)
+		# As on a managed service: the superuser (the service's
+		# administrator) makes two roles that are not superuser (no
+		# CREATEROLE, no CREATEDB), the database's owner and the app's, and
+		# the database; the owner runs the plain script (psql -f,
+		# sql-edition/README.md) and examples/schema.sql, and grants the
+		# app's role what docs/reference.md's "Privileges" lists (its first
+		# sql block, read from there) and the example's tables; the app and
+		# the driver connect as the app's role.  psql runs as this user,
+		# over TCP: nothing is read as postgres.  One pair of roles per
+		# example, dropped with its database.
+		owner=${db}_owner app=${db}_app
+		make -s --no-print-directory -C "$REPO_ROOT/sql-edition" >/dev/null ||
+			did_not_run "make -C sql-edition failed"
+		"${psql[@]}" -d postgres -c "SET client_min_messages = warning" \
+			-c "DROP DATABASE IF EXISTS $db" -c "DROP ROLE IF EXISTS $owner" -c "DROP ROLE IF EXISTS $app" \
+			-c "CREATE ROLE $owner LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB" \
+			-c "CREATE ROLE $app LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB" \
+			-c "CREATE DATABASE $db OWNER $owner" ||
+			did_not_run "could not create the roles $owner, $app and database $db"
+		grants=$(awk '/^## Privileges/ { p = 1; next } p && /^## / { exit }
+			p && /^```sql/ { b = 1; next } b && /^```/ { exit } b' "$REPO_ROOT/docs/reference.md")
+		grep -q 'TO app;' <<<"$grants" || did_not_run "no grants TO app in docs/reference.md's Privileges"
+		"${psql[@]}" -U "$owner" -d "$db" -f "$REPO_ROOT/sql-edition/build/idempotency_sql.psql" \
+			-f "$here/schema.sql" -c "${grants//TO app;/TO $app;}" \
+			-c "GRANT USAGE ON SCHEMA shop TO $app" \
+			-c "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA shop TO $app" \
+			-c "GRANT USAGE ON ALL SEQUENCES IN SCHEMA shop TO $app" >/dev/null ||
+			did_not_run "could not set up database $db (the SQL edition's plain script as $owner)"
+		# the edition it is: its helpers' schema, no C extension, roles
+		# that are not superuser, the app's not owning the records
+		[[ $("${psql[@]}" -U "$app" -d "$db" -At -c "SELECT to_regnamespace('idempotency_sql') IS NOT NULL
+			AND NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'idempotency')
+			AND NOT EXISTS (SELECT FROM pg_roles WHERE rolname IN ('$owner', '$app') AND rolsuper)
+			AND (SELECT tableowner FROM pg_tables WHERE schemaname = 'idempotency'
+			     AND tablename = 'records') = '$owner'") == t ]] ||
+			did_not_run "database $db does not hold the SQL edition alone, owned by $owner (not superuser)"
+		dsn="host=$PGHOST port=$PGPORT user=$app dbname=$db"
+		;;
+esac
 
 case $which in
 	gin)

@@ -4,8 +4,10 @@
 # that is neither superuser nor CREATEROLE (what managed services give).
 #
 #   sql-edition/test.sh            every test not in sql-edition/excluded.txt,
-#                                  the edition's own (sql-edition/sql/, sql-edition/specs/)
-#                                  a stress run and sql-edition/move_test.sh
+#                                  the edition's own (sql-edition/sql/, sql-edition/specs/),
+#                                  a stress run, sql-edition/move_test.sh and
+#                                  the HTTP test of examples/python and examples/gin
+#                                  (examples/run_tests.sh, IDEM_EDITION=sql)
 #   sql-edition/test.sh NAME...    only those (00_setup is always run first)
 #
 # As root on Debian 12, like scripts/test.sh, for IDEM_PG_MAJOR (default 15).
@@ -192,6 +194,26 @@ if (($# == 0)); then
 		echo "move between the editions ... FAILED"
 		cat "$T/move.log"
 	fi
+fi
+
+# The HTTP examples over the edition: examples/run_tests.sh APP with
+# IDEM_EDITION=sql against this cluster (the database owned by a role that
+# is not superuser, the plain script run by it, the app connected as a
+# role with docs/reference.md's grants): one test each, about 15 s.  Go and
+# psycopg are scripts/test.sh's packages (every major's root has them).
+if (($# == 0)); then
+	for app in python gin; do
+		total=$((total + 1))
+		out=$T/http-$app.log t0=$SECONDS
+		if IDEM_EDITION=sql bash "$ROOT/examples/run_tests.sh" "$app" >"$out" 2>&1; then
+			passed=$((passed + 1))
+			echo "$app example over the edition: ok, $(grep -E '^[a-z]+ example \(HTTP, sql edition\): [0-9]+ of [0-9]+ tests passed\.$' "$out" | sed 's/.*: //;s/\.$//'), $((SECONDS - t0)) s"
+		else
+			rc=1
+			echo "$app example over the edition ... FAILED"
+			cat "$out"
+		fi
+	done
 fi
 
 if ((rc != 0)); then
