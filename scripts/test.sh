@@ -254,8 +254,10 @@ fi
 
 # The SQL edition (sql-edition/): the suites above, as far as they apply,
 # against the edition installed and called by a role that is not
-# superuser, on a cluster of its own (about a minute and a half).  Its
-# closing line: "sql edition: N of M tests passed."
+# superuser, on a cluster of its own, with the moves between the editions
+# and the HTTP test of examples/python and examples/gin over the edition
+# (about two and a half minutes).  Its closing line: "sql edition: N of M
+# tests passed."
 run_sql_edition() {
 	local name="sql edition" out rc=0 line
 	log "$name"
