@@ -4,10 +4,13 @@
 # build.sh makes it), express-idempotency with its Redis adapter,
 # @node-idempotency/core with its Redis storage adapter, and no idempotency.
 #
-#   /tmp/with_cluster.sh REPO PGPREFIX bash integrations/node/bench/peers.sh [--seconds S] [--rounds R] [--conns C]
+#   bash integrations/node/bench/peers.sh [--seconds S] [--rounds R] [--conns C]
 #
 # As root, on 127.0.0.1 only, against the cluster PGHOST/PGPORT/PGUSER name
-# (the extension installed there).  Starts its own redis-server (Debian's,
+# (the extension installed there), else (none named) a throwaway cluster of
+# a private copy of PostgreSQL 15 with this tree's extension built and
+# installed (scripts/common.sh, as bench/batch.sh; fsync and
+# synchronous_commit off).  Starts its own redis-server (Debian's,
 # installed when missing) on a free port, --save '' --appendonly no, and
 # stops it and the four apps on exit.  Per round (R, default 3) and app, in
 # an order rotated each round: S seconds (default 5) of new keys, then S
@@ -34,7 +37,20 @@ while (($#)); do
 	*) echo "usage: peers.sh [--seconds S] [--rounds R] [--conns C]" >&2; exit 2 ;;
 	esac
 done
-[[ -n ${PGHOST:-} && -n ${PGPORT:-} ]] || { echo "error: PGHOST and PGPORT must name the cluster" >&2; exit 1; }
+own_cluster=0
+if [[ -z ${PGHOST:-} || -z ${PGPORT:-} ]]; then
+	# no cluster named: a private copy of PostgreSQL 15 with this tree's
+	# extension and a throwaway cluster (as bench/batch.sh)
+	IDEM_PG_MAJOR=15
+	# shellcheck source=scripts/common.sh
+	source "$repo/scripts/common.sh"
+	IDEM_QUIET=1
+	use_private_pg
+	build_install
+	start_cluster fast
+	own_cluster=1
+	PATH=$PG_BINDIR:$PATH
+fi
 export PGUSER=${PGUSER:-postgres} PGDATABASE=${PGDATABASE:-postgres}
 if ! command -v redis-server >/dev/null; then
 	apt-get update -qq >&2
@@ -44,10 +60,14 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-peers.XXXXXX")
 pids=()
 cleanup() {
-	local p
+	local st=$? p
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
 	rm -rf "$work"
+	if ((own_cluster)); then
+		stop_cluster "$st" || true
+		[[ -z $IDEM_PG_PREFIX_OWN ]] || rm -rf "$IDEM_PG_PREFIX_OWN"
+	fi
 }
 trap cleanup EXIT
 log() { echo "# $*" >&2; }
