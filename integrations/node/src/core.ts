@@ -139,11 +139,6 @@ const ACQUIRE = `
                                   lease => $5::float8 * interval '1 second',
                                   trace => $6::text)`;
 
-const COMPLETE = `
-  SELECT idempotency.idem_complete(key => $1::text, response_status => $2::int, response_body => $3::jsonb,
-                                   scope => $4::text, claim => $5::uuid, response_headers => $6::jsonb) AS done,
-         $3::jsonb::text AS canonical`;
-
 /** Seconds for "$n::float8 * interval '1 second'", or null (the server's default). */
 function seconds(s: number | null | undefined): number | null {
   return s && s > 0 ? Math.ceil(s * 1e6) / 1e6 : null;
@@ -151,7 +146,39 @@ function seconds(s: number | null | undefined): number | null {
 
 export async function acquire(client: PoolClient, a: AcquireArgs): Promise<Acquired> {
   const r = await client.query(ACQUIRE, [a.key, a.request, a.scope, seconds(a.ttl), seconds(a.lease), a.trace ?? null]);
-  const row = r.rows[0];
+  return acquired(r.rows[0]);
+}
+
+/** A value as an SQL literal (NULL for null), for the one-round-trip statements below. */
+function lit(c: PoolClient, v: string | null | undefined): string {
+  return v == null ? "NULL" : c.escapeLiteral(v);
+}
+
+/** The result of the last statement of a simple query that ran several. */
+function lastResult(r: unknown): { rows: any[] } {
+  return (Array.isArray(r) ? r[r.length - 1] : r) as { rows: any[] };
+}
+
+/**
+ * BEGIN and idem_acquire in one round trip: one simple query of two
+ * statements, its values as literals (a simple query takes no parameters).
+ * The transaction is open when this returns, whatever the outcome.
+ */
+export async function beginAndAcquire(client: PoolClient, a: AcquireArgs): Promise<Acquired> {
+  const secs = (s: number | null | undefined) => {
+    const v = seconds(s);
+    return v == null ? "NULL::interval" : `${v}::float8 * interval '1 second'`;
+  };
+  const r = await client.query(`BEGIN;
+  SELECT outcome, response_status, response_body::text AS response_body, retry_after, claim::text AS claim,
+         phase, state, response_headers, origin_trace
+    FROM idempotency.idem_acquire(key => ${lit(client, a.key)}::text, request => ${lit(client, a.request)}::jsonb,
+                                  scope => ${lit(client, a.scope)}::text, ttl => ${secs(a.ttl)},
+                                  lease => ${secs(a.lease)}, trace => ${lit(client, a.trace)}::text)`);
+  return acquired(lastResult(r).rows[0]);
+}
+
+function acquired(row: any): Acquired {
   return {
     outcome: row.outcome,
     status: row.response_status,
@@ -306,26 +333,33 @@ export class Claim {
     }
   }
 
-  /** Store (status, body, headers) in the transaction and commit; the stored body's text. */
+  /**
+   * Store (status, body, headers) in the transaction and commit; the stored
+   * body's text. idem_complete and COMMIT go in one round trip (one simple
+   * query): should idem_complete fail, PostgreSQL runs nothing after it, and
+   * the transaction is rolled back here.
+   */
   async complete(status: number, body: string | null, headers: Record<string, string> | null): Promise<string | null> {
     let canonical: string | null;
+    let c: PoolClient;
     try {
-      const c = await this.tx();
-      const r = await c.query(COMPLETE, [
-        this.key,
-        status,
-        body,
-        this.scope,
-        this.id,
-        headers && Object.keys(headers).length ? JSON.stringify(headers) : null,
-      ]);
-      canonical = r.rows[0].canonical;
+      c = await this.tx();
+      const h = headers && Object.keys(headers).length ? JSON.stringify(headers) : null;
+      const r = await c.query(`
+  SELECT idempotency.idem_complete(key => ${lit(c, this.key)}::text, response_status => ${Math.trunc(status)}::int,
+                                   response_body => b.j, scope => ${lit(c, this.scope)}::text,
+                                   claim => ${lit(c, this.id)}::uuid, response_headers => ${lit(c, h)}::jsonb) AS done,
+         b.j::text AS canonical
+    FROM (SELECT ${lit(c, body)}::jsonb AS j) b;
+  COMMIT`);
+      canonical = (Array.isArray(r) ? r[0] : r).rows[0].canonical;
     } catch (e) {
       await this.end(false).catch(() => undefined);
       if ((e as { code?: string }).code === "55000") throw new ClaimLostError();
       throw e;
     }
-    await this.end(true);
+    this.ended = true;
+    c.release();
     return canonical;
   }
 
@@ -456,12 +490,10 @@ export class HttpIdempotency {
     }
     let a: Acquired;
     try {
-      await client.query("BEGIN");
-      a = await acquire(client, { key, request, scope, ttl: this.opts.ttl, lease, trace });
-      if (a.outcome !== "acquired" || lease > 0) {
-        // a duplicate wrote nothing; lease mode: the claim is now visible, as processing
-        await client.query(a.outcome === "acquired" ? "COMMIT" : "ROLLBACK");
-      }
+      // BEGIN and the claim in one round trip
+      a = await beginAndAcquire(client, { key, request, scope, ttl: this.opts.ttl, lease, trace });
+      // lease mode: the claim is now visible, as processing
+      if (a.outcome === "acquired" && lease > 0) await client.query("COMMIT");
     } catch (e) {
       await client.query("ROLLBACK").catch(() => undefined);
       client.release();
@@ -474,7 +506,12 @@ export class HttpIdempotency {
       }
       return { claim: new Claim(this.pool, key, scope, 0, a, client) };
     }
-    client.release();
+    // A duplicate wrote nothing: its answer goes out without waiting for
+    // the ROLLBACK, and the client goes back to the pool once that is done.
+    client.query("ROLLBACK").then(
+      () => client.release(),
+      (e: Error) => client.release(e),
+    );
 
     // a duplicate: link it to the first request, in the log and for the client
     this.log(`idempotency: ${a.outcome}, key ${JSON.stringify(key)} scope ${JSON.stringify(scope)}: ` +
