@@ -60,8 +60,11 @@ sub memory_total
 
 # The two samples are taken 2 s and 10 s into the wait, each of them a
 # memory_total(): the wait lasts 14 s, or 10 s plus 4 times what a sample of
-# the idle waiter takes now (the most of three) where that is longer, so
-# that both fall within it on a slow machine too.
+# the idle waiter takes now (the most of three) where that is longer.  A
+# sample can still take far longer on a loaded machine (seen once: 29.8 s
+# for both): then the samples did not both fall within the wait, and the
+# wait is run again, twice as long, up to three times.  The state waited
+# for is "both samples inside one wait", not a wall-clock window.
 my $sample_secs = 0;
 for (1 .. 3)
 {
@@ -70,28 +73,38 @@ for (1 .. 3)
 	$sample_secs = time - $t if time - $t > $sample_secs;
 }
 my $wait_secs = window_secs(10 + 4 * $sample_secs, 1, 14);
-note sprintf('a sample takes %.2f s: a wait of %d s', $sample_secs, $wait_secs);
-$waiter->query_safe(qq{SET idempotency.wait_timeout = '${wait_secs}s'});
-my $t0 = time;
-$waiter->query_until(
-	qr/waiting/, q{\echo waiting
+my ($first, $second, $elapsed, $within, $answer);
+for my $try (1 .. 3)
+{
+	note sprintf('try %d: a sample takes %.2f s: a wait of %d s', $try, $sample_secs, $wait_secs);
+	$waiter->query_safe(qq{SET idempotency.wait_timeout = '${wait_secs}s'});
+	my $t0 = time;
+	$waiter->query_until(
+		qr/waiting/, q{\echo waiting
 SELECT outcome FROM idempotency.idem_acquire('held', '{"a": 1}');
 });
-ok( $node->poll_query_until(
+	$node->poll_query_until(
 		'postgres',
-		qq{SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE pid = $pid}),
-	'the duplicate is polling');
+		qq{SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE pid = $pid})
+	  or die 'the duplicate never polled';
 
-# Sample once the polls have reached their longest step, and again 8 s
-# (some 160 polls) later, both well within the wait.
-usleep(int(1_000_000 * (2 - (time - $t0)))) if time - $t0 < 2;
-my $first = memory_total();
-usleep(8_000_000);
-my $second = memory_total();
+	# Sample once the polls have reached their longest step, and again
+	# 8 s (some 160 polls) later.
+	usleep(int(1_000_000 * (2 - (time - $t0)))) if time - $t0 < 2;
+	$first = memory_total();
+	usleep(8_000_000);
+	$second = memory_total();
+	$elapsed = time - $t0;
+	# the wait ends (in_progress) whether or not the samples fit in it
+	$answer = $waiter->query_safe(q{SELECT 'after'});
+	$within = defined $first && defined $second && $elapsed < $wait_secs;
+	last if $within;
+	note sprintf('try %d: the samples took until %.1f s of a %d s wait: again, longer', $try, $elapsed, $wait_secs);
+	$wait_secs *= 2;
+}
 ok(defined $first && defined $second, 'the waiter logged its memory twice during the wait');
-my $elapsed = time - $t0;
-cmp_ok($elapsed, '<', $wait_secs,
-	sprintf('both samples were taken within the %d s wait (%.1f s)', $wait_secs, $elapsed));
+ok($within,
+	sprintf('both samples were taken within one wait (%.1f s of %d s)', $elapsed, $wait_secs));
 
 my $growth = ($second // 0) - ($first // 0);
 cmp_ok($growth, '<', 64 * 1024,
@@ -101,7 +114,7 @@ diag(sprintf('waiting backend, %d partitions: %d bytes after 2 s, %d bytes after
 		$nparts, $first // -1, $second // -1, $growth));
 
 # The wait still ends as it should, and so does the session.
-like($waiter->query_safe(q{SELECT 'after'}), qr/^in_progress\nafter$/,
+like($answer, qr/^in_progress\nafter$/,
 	'the duplicate answers in_progress at the end of wait_timeout');
 $waiter->quit;
 
