@@ -50,7 +50,7 @@
 #                     [--duration S] [--sync on|off] [--records N]
 #                     [--memory-calls N] [--hot-n N] [--spread INTERVAL]
 #                     [--stats on|off] [--filters-compare]
-#                     [--request-compare] [--perf]
+#                     [--request-compare] [--perf] [--clients LIST]
 #
 # --rounds: how many rounds of the main cases (default 3, at least 1; issue
 # 13's targets are medians of at least 3).
@@ -90,6 +90,9 @@
 # extension's replay against the hand-written one that checks the request
 # too, and the extension's replay without the check against floor_replay.
 # Neither case is one of issue 13's targets.
+#
+# --clients: the client counts of the main cases, comma-separated
+# (default 2,8; issue 39's durable-commit figures use 2,8,32).
 #
 # --pg: the PostgreSQL major, 15 (the default: the host's own) or 17 or 18:
 # then the whole benchmark runs, with the same options, in the Debian root
@@ -150,6 +153,7 @@ while (($#)); do
 	--perf) PERF=1; shift ;;
 	--filters-compare) FILTERS_COMPARE=1; shift ;;
 	--request-compare) REQUEST_COMPARE=1; shift ;;
+	--clients) IFS=, read -r -a CLIENT_COUNTS <<<"${2:?}"; shift 2 ;;
 	-h | --help) usage 0 ;;
 	*) echo "unknown option: $1" >&2; usage 2 ;;
 	esac
@@ -176,6 +180,9 @@ fi
 	die "--records takes a number of at least $SMALL_RECORDS"
 [[ $MEMORY_CALLS =~ ^[0-9]+$ && $MEMORY_CALLS -gt 1000 ]] || die "--memory-calls takes a number above 1000"
 [[ $HOT_N =~ ^[0-9]+$ && $HOT_N -ge 1 ]] || die "--hot-n takes a positive number"
+for c in "${CLIENT_COUNTS[@]}"; do
+	[[ $c =~ ^[0-9]+$ && $c -ge 1 && $c -le 64 ]] || die "--clients takes client counts from 1 to 64, comma-separated"
+done
 if ((FILTERS_COMPARE)); then
 	[[ $STATS == on ]] || die "--filters-compare needs --stats on (the filters need the library preloaded)"
 fi

@@ -10,7 +10,15 @@
 # and its reaped children's, plus the live children's) before and after,
 # and prints per call: the latency, the shard's CPU, the router's CPU, and
 # the ratio of all the servers' CPU through the router to a direct call's;
-# then the medians per case.  CPU time depends far less on what else the
+# then the medians per case.  A third case, noop, is the floor of any
+# PL/Proxy router: a PL/Proxy function on the router that runs a one-line
+# SQL function on the shard (bench.noop(int), outside the extensions), against
+# the same SQL function called directly: what routing alone costs, whatever
+# the routed function does.  A fourth, bare, is a new key through the
+# router's PL/Proxy function px_owned_acquire called by the client itself,
+# without the router's PL/pgSQL idem_acquire around it (its hash, layout,
+# retries and error mapping): what a leaner router could reach with the
+# shards of today (direct: the same as new).  CPU time depends far less on what else the
 # machine runs than wall time does.  Everything stops on exit.  Needs
 # PL/Proxy and both extensions installed in the PostgreSQL of PG_BINDIR
 # (default /usr/lib/postgresql/15/bin).  PERF=1 also records a profile
@@ -75,6 +83,23 @@ cat >"$BASE/replay.sql" <<'EOF'
 \set r random(1, 2000)
 SELECT outcome FROM idempotency.idem_acquire('rep' || :r, NULL, 'bench', ttl => '1h', lease => '60s');
 EOF
+# the floor of routing: one trivial function on the shard, and a PL/Proxy
+# function of the same name on the router that only runs it there
+psql_at "$S" postgres -c 'CREATE SCHEMA bench' \
+	-c 'CREATE FUNCTION bench.noop(h int) RETURNS int LANGUAGE sql IMMUTABLE AS $$SELECT h$$'
+psql_at "$R" postgres -c 'CREATE SCHEMA bench' \
+	-c "CREATE FUNCTION bench.noop(h int) RETURNS int LANGUAGE plproxy AS \$\$
+		CLUSTER 'idempotency_cluster'; RUN ON h; SELECT bench.noop(h) AS noop; \$\$"
+LV=$(psql_at "$R" postgres -c 'SELECT layout_version FROM idempotency.cluster_state')
+cat >"$BASE/bare.sql" <<EOF
+\\set r random(1, 2000000000)
+SELECT outcome FROM idempotency.px_owned_acquire(false, idempotency.key_hash('bench', 'b' || :r || ':' || :client_id),
+	$LV, 'b' || :r || ':' || :client_id, NULL, 'bench', '1h', '60s', NULL);
+EOF
+cat >"$BASE/noop.sql" <<'EOF'
+\set r random(1, 2000000000)
+SELECT bench.noop(:r);
+EOF
 chown postgres "$BASE"/*.sql
 
 # cpu_of N: CPU seconds of cluster N so far
@@ -90,12 +115,13 @@ cpu_of() {
 
 # one CASE (direct|router) SCRIPT: "latency_ms shard_us router_us"
 one() {
-	local port=$S r0 r1 s0 s1 n lat prof=
+	local port=$S r0 r1 s0 s1 n lat prof= script=$2
 	[[ $1 == router ]] && port=$R
+	[[ $1 == direct && $2 == bare ]] && script=new
 	sleep 0.5
 	r0=$(cpu_of 0)
 	s0=$(cpu_of 1)
-	as_pg "$PG_BINDIR/pgbench" -n -h 127.0.0.1 -p "$port" -c 1 -T "$DUR" -f "$BASE/$2.sql" postgres >"$BASE/out" 2>&1 &
+	as_pg "$PG_BINDIR/pgbench" -n -h 127.0.0.1 -p "$port" -c 1 -T "$DUR" -f "$BASE/$script.sql" postgres >"$BASE/out" 2>&1 &
 	local bench=$!
 	if [[ -n ${PERF:-} && $1 == router && $2 == new && $round == 1 ]]; then
 		sleep 1
@@ -116,7 +142,7 @@ echo "| round | call | direct: latency (ms), shard CPU (us) | routed: latency (m
 echo "|---|---|---|---|---|---|"
 : >"$BASE/results"
 for ((round = 1; round <= ROUNDS; round++)); do
-	if ((round % 2)); then order="new replay"; else order="replay new"; fi
+	if ((round % 2)); then order="new replay noop bare"; else order="bare noop replay new"; fi
 	for s in $order; do
 		if ((round % 2)); then
 			read -r dl ds _ < <(one direct "$s")
@@ -131,7 +157,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
 		echo "$s $dl $ds $rl $rs $rr $cpu $lat" >>"$BASE/results"
 	done
 done
-for s in new replay; do
+for s in new replay noop bare; do
 	m() { awk -v s="$s" -v c="$1" '$1 == s { print $c }' "$BASE/results" | median; }
 	echo "median $s: direct $(m 2) ms, shard $(m 3) us; routed $(m 4) ms, shard $(m 5) us, router $(m 6) us;" \
 		"routed / direct: CPU $(m 7), latency $(m 8)"
