@@ -236,7 +236,7 @@ def main():
         sys.stderr.write('generate.py: the pg_tle quote occurs in the script\n')
         sys.exit(1)
     with open(os.path.join(out, '%s.pgtle.sql' % EXT), 'w') as f:
-        f.write("/* %s.pgtle.sql: install the SQL edition through pg_tle (generated; untested here: pg_tle is not installed on the build machine) */\n"
+        f.write("/* %s.pgtle.sql: install the SQL edition through pg_tle (generated; checked against a stand-in of pgtle.install_extension by sql-edition/pgtle_test.sh: pg_tle itself is not installed on the build machine) */\n"
                 "SELECT pgtle.install_extension(\n    '%s',\n    '%s',\n"
                 "    'exactly-once write endpoints in SQL and PL/pgSQL',\n$_idem_tle_$\n%s$_idem_tle_$\n);\n"
                 % (EXT, EXT, VERSION, tle_body))

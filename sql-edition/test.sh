@@ -5,7 +5,8 @@
 #
 #   sql-edition/test.sh            every test not in sql-edition/excluded.txt,
 #                                  the edition's own (sql-edition/sql/, sql-edition/specs/),
-#                                  a stress run, sql-edition/move_test.sh and
+#                                  a stress run, sql-edition/move_test.sh,
+#                                  sql-edition/pgtle_test.sh and
 #                                  the HTTP test of examples/python and examples/gin
 #                                  (examples/run_tests.sh, IDEM_EDITION=sql)
 #   sql-edition/test.sh NAME...    only those (00_setup is always run first)
@@ -193,6 +194,20 @@ if (($# == 0)); then
 		rc=1
 		echo "move between the editions ... FAILED"
 		cat "$T/move.log"
+	fi
+fi
+
+# The pg_tle script against a stand-in of pg_tle (sql-edition/pgtle_test.sh,
+# a cluster of its own): one test
+if (($# == 0)); then
+	total=$((total + 1))
+	if bash "$HERE/pgtle_test.sh" >"$T/pgtle.log" 2>&1; then
+		passed=$((passed + 1))
+		echo "pg_tle script (stand-in): ok, $(grep -E '^pg_tle: ' "$T/pgtle.log" | sed 's/^pg_tle: //;s/\.$//')"
+	else
+		rc=1
+		echo "pg_tle script (stand-in) ... FAILED"
+		cat "$T/pgtle.log"
 	fi
 fi
 
