@@ -184,6 +184,8 @@ def main():
     ap.add_argument("--fault-injection", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if os.environ.get("IDEM_LOG_COPY"):  # integrations/python/test.sh reads the duplicates' lines there
+        logging.getLogger("pg_idempotency").addHandler(logging.FileHandler(os.environ["IDEM_LOG_COPY"]))
     cache = os.environ.get("IDEM_REPLAY_CACHE") == "1"
     logging.info("pg_idempotency %s from %s%s", pg_idempotency.__version__, pg_idempotency.__file__,
                  ", replay cache on" if cache else "")
