@@ -100,7 +100,11 @@ class _Rollbacks:
 
     def _run(self):
         while True:
-            _give(*self._queue.get())
+            item = self._queue.get()
+            try:
+                _give(*item)
+            except Exception:  # noqa: BLE001 -- a closed pool, say: the thread goes on
+                _core.log.debug("pg_idempotency: a duplicate's connection could not be given back", exc_info=True)
 
 
 _rollbacks = _Rollbacks()
@@ -254,9 +258,10 @@ class Idempotency:
     replay_cache: a ReplayCache (True: one with the defaults; None: none).
     log_duplicates: "sampled" (at most a line a second), "all" or "off".
 
-    A new key takes four round trips to PostgreSQL besides the handler's
-    (BEGIN with idem_acquire, then idem_complete with COMMIT: one simple
-    query each); a replay one before its answer (its ROLLBACK goes after)."""
+    A new key takes two round trips to PostgreSQL besides the handler's own
+    statements (BEGIN with idem_acquire, then idem_complete with COMMIT: one
+    simple query each); a replay one before its answer (its ROLLBACK goes
+    after it)."""
 
     def __init__(self, pool, replay_ok=False, ttl=None, replay_cache=None, log_duplicates="sampled"):
         self.pool = pool
