@@ -18,9 +18,9 @@
 # Everything runs as root (builds and the README in temporary folders);
 # nothing runs as the postgres OS user.  Prints TAP-style lines, then
 # "python integration: N of M tests passed."; exits 1 if any failed.  One
-# to three minutes (147 s measured on a busy 2-core machine at load 14, of
-# which cache_test.py 3 s and the two runs with the cache on about 50 s),
-# plus apt-get where packages are missing.
+# to three minutes (83 to 147 s measured on a busy 2-core machine, load 8
+# to 14; cache_test.py 3 s of it, the two runs with the cache on about
+# 50 s), plus apt-get where packages are missing.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
