@@ -38,6 +38,11 @@ there instead of repeating the step.
 A handler returns a Response, which is stored whatever its status, unless it
 called claim.release() (the retry runs again); an exception rolls everything
 back and stores nothing (the retry runs again too).
+
+Every duplicate answer is logged (log_duplicates="all"; the package's
+default, "sampled", writes at most a line a second).  --replay-cache (or
+IDEM_REPLAY_CACHE=1 in the environment): completed answers are kept in the
+process (pg_idempotency.ReplayCache) and their replays answered from there.
 """
 
 import argparse
@@ -255,6 +260,9 @@ def main():
     ap.add_argument("--charge-lease", type=float, default=30, help="lease of POST /api/charges' claims, seconds")
     ap.add_argument("--fault-injection", action="store_true",
                     help="honour the X-Fault request header (tests only): die-after-charge")
+    ap.add_argument("--replay-cache", action="store_true",
+                    default=os.environ.get("IDEM_REPLAY_CACHE") == "1",
+                    help="answer replays of completed answers from the process (also IDEM_REPLAY_CACHE=1)")
     args = ap.parse_args()
     # pg_idempotency logs a replay, a 409 and a 422 with both traceparents
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -262,10 +270,11 @@ def main():
     pool = ConnectionPool(args.dsn, min_size=2, max_size=args.max_conns, open=True)
     pool.wait()
     shop = Shop(pool, faults=args.fault_injection)
-    idem = Idempotency(pool, replay_ok=args.replay_200)
+    idem = Idempotency(pool, replay_ok=args.replay_200, replay_cache=args.replay_cache, log_duplicates="all")
     host, port = args.listen.rsplit(":", 1)
     server = Server((host, int(port)), make_handler(shop, idem, args.charge_lease))
-    print("listening on %s" % args.listen, file=sys.stderr, flush=True)
+    print("listening on %s%s" % (args.listen, ", replay cache on" if args.replay_cache else ""), file=sys.stderr,
+          flush=True)
     try:
         server.serve_forever()
     finally:

@@ -9,13 +9,18 @@
 #   2. runs README.md's blocks as written, in a copy of this folder, on a
 #      database of their own (tests/readme_test.py);
 #   3. checks idempotent() and idempotent_async() (tests/wrapper_test.py);
-#   4. runs examples/run_tests.sh for each sample app (conformance/*.sh:
-#      fastapi, starlette, django), which use the installed wheel.
+#   4. checks the round trips, the literals, the replay cache and the
+#      duplicate log lines (tests/cache_test.py, about 3 s);
+#   5. runs examples/run_tests.sh for each sample app (conformance/*.sh:
+#      fastapi, starlette, django), which use the installed wheel; then
+#      starlette's and django's again with the replay cache on
+#      (IDEM_REPLAY_CACHE=1: fastapi's middleware is starlette's).
 # Everything runs as root (builds and the README in temporary folders);
 # nothing runs as the postgres OS user.  Prints TAP-style lines, then
 # "python integration: N of M tests passed."; exits 1 if any failed.  One
-# to two minutes (64 to 121 s measured on a busy 2-core machine), plus
-# apt-get where packages are missing.
+# to three minutes (83 to 147 s measured on a busy 2-core machine, load 8
+# to 14; cache_test.py 3 s of it, the two runs with the cache on about
+# 50 s), plus apt-get where packages are missing.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -107,14 +112,40 @@ else
 	result 1 "wrapper: could not make its database"
 fi
 
-# 4. the HTTP conformance test, for each sample app
-for app in fastapi starlette django; do
-	log "$name: examples/run_tests.sh $app"
-	bash "$here/../../examples/run_tests.sh" "$app" >"$work/$app.out" 2>&1
+# 4. the round trips, the literals, the replay cache, the log lines
+log "$name: round trips, replay cache, duplicate log lines"
+if fresh_db idem_python_cache >"$work/cache-db.out" 2>&1; then
+	(cd "$work" && "$venv_python" "$here/tests/cache_test.py" \
+		"host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=idem_python_cache") >"$work/cache.out" 2>&1
+	rc=$?
+	results "$work/cache.out"
+	if ((rc != 0)) && ! grep -q '^not ok - ' "$work/cache.out"; then
+		result 1 "tests/cache_test.py ran to its end (exit $rc)"
+	fi
+else
+	cat "$work/cache-db.out"
+	result 1 "cache: could not make its database"
+fi
+
+# 5. the HTTP conformance test, for each sample app; starlette's and
+# django's again with the replay cache on
+for run in fastapi starlette django starlette:cache django:cache; do
+	app=${run%:cache}
+	cache=0
+	[[ $run == *:cache ]] && cache=1
+	log "$name: examples/run_tests.sh $app$( ((cache)) && echo ', IDEM_REPLAY_CACHE=1')"
+	: >"$work/$run.lines"
+	IDEM_REPLAY_CACHE=$cache IDEM_LOG_COPY=$work/$run.lines \
+		bash "$here/../../examples/run_tests.sh" "$app" >"$work/$app.out" 2>&1
 	rc=$?
 	sed 's/^/    /' "$work/$app.out"
 	line=$(grep -E "^$app example \(HTTP\): [0-9]+ of [0-9]+ tests passed\.$" "$work/$app.out" | tail -n 1)
-	result $rc "${line:-$app example (HTTP): did not finish}"
+	result $rc "$( ((cache)) && echo 'replay cache on: ')${line:-$app example (HTTP): did not finish}"
+	if ((cache)); then
+		# the servers' duplicate lines (IDEM_LOG_COPY): some replays came from the cache
+		hits=$(grep -c '^idempotency: replay (from the cache)' "$work/$run.lines")
+		result $((hits > 0 ? 0 : 1)) "$app, replay cache on: $hits replays answered from the cache"
+	fi
 done
 
 log "$name: $((SECONDS - t0)) s"

@@ -5,6 +5,10 @@ lines of examples/python/server.py, on FastAPI or Starlette, run by uvicorn.
     asgi_shop.py --framework fastapi|starlette --dsn DSN --listen 127.0.0.1:PORT
                  [--charge-lease 2] [--replay-200] [--fault-injection]
 
+Every duplicate answer is logged (log_duplicates="all": the HTTP test reads
+the lines).  IDEM_REPLAY_CACHE=1 in the environment: with the replay cache
+(ReplayCache's defaults).
+
 Uses pg_idempotency as installed (the wheel), not the source tree."""
 
 import argparse
@@ -12,6 +16,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import sys
 
 import uvicorn
@@ -162,7 +167,8 @@ def build(framework, pool, args):
         ("POST", "/api/orders", shop.create_order), ("POST", "/api/charges", shop.create_charge),
     ]
     idem = dict(pool=pool, leases={"/api/charges": args.charge_lease}, replay_ok=args.replay_200,
-                user=lambda scope: scope.get("user_id"))
+                user=lambda scope: scope.get("user_id"), log_duplicates="all",
+                replay_cache=os.environ.get("IDEM_REPLAY_CACHE") == "1")
 
     async def open_pool():
         await pool.open()
@@ -205,7 +211,10 @@ def main():
     ap.add_argument("--fault-injection", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    logging.info("pg_idempotency %s from %s", pg_idempotency.__version__, pg_idempotency.__file__)
+    if os.environ.get("IDEM_LOG_COPY"):  # integrations/python/test.sh reads the duplicates' lines there
+        logging.getLogger("pg_idempotency").addHandler(logging.FileHandler(os.environ["IDEM_LOG_COPY"]))
+    logging.info("pg_idempotency %s from %s%s", pg_idempotency.__version__, pg_idempotency.__file__,
+                 ", replay cache on" if os.environ.get("IDEM_REPLAY_CACHE") == "1" else "")
     pool = AsyncConnectionPool(args.dsn, min_size=2, max_size=args.max_conns, open=False)
     host, port = args.listen.rsplit(":", 1)
     uvicorn.run(build(args.framework, pool, args), host=host, port=int(port), log_config=None,

@@ -7,12 +7,17 @@ IdempotencyMiddleware, served by the standard library's WSGI server
     django_shop.py --dsn DSN --listen 127.0.0.1:PORT [--charge-lease 2]
                    [--replay-200] [--fault-injection]
 
+Every duplicate answer is logged (LOG_DUPLICATES "all": the HTTP test reads
+the lines).  IDEM_REPLAY_CACHE=1 in the environment: with the replay cache
+(ReplayCache's defaults).
+
 Uses pg_idempotency as installed (the wheel), not the source tree."""
 
 import argparse
 import hashlib
 import json
 import logging
+import os
 import socketserver
 import sys
 import threading
@@ -179,7 +184,11 @@ def main():
     ap.add_argument("--fault-injection", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    logging.info("pg_idempotency %s from %s", pg_idempotency.__version__, pg_idempotency.__file__)
+    if os.environ.get("IDEM_LOG_COPY"):  # integrations/python/test.sh reads the duplicates' lines there
+        logging.getLogger("pg_idempotency").addHandler(logging.FileHandler(os.environ["IDEM_LOG_COPY"]))
+    cache = os.environ.get("IDEM_REPLAY_CACHE") == "1"
+    logging.info("pg_idempotency %s from %s%s", pg_idempotency.__version__, pg_idempotency.__file__,
+                 ", replay cache on" if cache else "")
     POOL = ConnectionPool(args.dsn, min_size=2, max_size=args.max_conns, open=True)
     POOL.wait()
     FAULTS = args.fault_injection
@@ -188,7 +197,8 @@ def main():
         ROOT_URLCONF=__name__, INSTALLED_APPS=[], DATABASES={}, LOGGING_CONFIG=None, APPEND_SLASH=False,
         MIDDLEWARE=[__name__ + ".require_user", "pg_idempotency.django.IdempotencyMiddleware"],
         IDEMPOTENCY={"POOL": POOL, "LEASES": {"/api/charges": args.charge_lease},
-                     "REPLAY_200": args.replay_200, "USER": lambda request: request.user_id},
+                     "REPLAY_200": args.replay_200, "USER": lambda request: request.user_id,
+                     "LOG_DUPLICATES": "all", "REPLAY_CACHE": cache},
     )
     django.setup()
     from django.core.wsgi import get_wsgi_application

@@ -11,15 +11,21 @@ The handler (fn, the view) runs inside the transaction that claimed the key:
 its writes commit with the stored answer, or roll back with the claim.  A
 retry gets the stored answer; a retry while the first attempt runs gets
 InProgress (HTTP 409 with Retry-After); the key with another request gets
-Mismatch (HTTP 422)."""
+Mismatch (HTTP 422).
 
-from ._async import AsyncClaim, AsyncIdempotency, idempotent_async
-from ._core import (REPLAYED_HEADERS, IdempotencyError, InProgress, Mismatch, Response,
-                    content_type, problem)
-from ._sync import Claim, Idempotency, idempotent
+replay_cache=ReplayCache(...) (or True) keeps completed answers in the
+process and answers their replays without the database; log_duplicates=
+"sampled" (the default: at most a line a second), "all" or "off" for the
+duplicates' log lines; forget() runs idem_forget and evicts the key from
+the cache given."""
+
+from ._async import AsyncClaim, AsyncIdempotency, forget_async, idempotent_async
+from ._core import (REPLAYED_HEADERS, IdempotencyError, InProgress, Mismatch, ReplayCache, Response,
+                    content_type, http_scope, problem)
+from ._sync import Claim, Idempotency, forget, idempotent
 
 __version__ = "0.1.0"
 
 __all__ = ["AsyncClaim", "AsyncIdempotency", "Claim", "Idempotency", "IdempotencyError", "InProgress",
-           "Mismatch", "REPLAYED_HEADERS", "Response", "content_type", "idempotent", "idempotent_async",
-           "problem"]
+           "Mismatch", "REPLAYED_HEADERS", "ReplayCache", "Response", "content_type", "forget", "forget_async",
+           "http_scope", "idempotent", "idempotent_async", "problem"]

@@ -5,6 +5,7 @@ with await."""
 import asyncio
 import contextlib
 import json
+import time
 
 import psycopg
 
@@ -45,6 +46,50 @@ def _source(conn_or_pool):
     return _PoolSource(conn_or_pool)
 
 
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+async def _take(source):
+    """A connection in autocommit and the autocommit to give back (see _sync._take)."""
+    conn = await source.getconn()
+    autocommit = conn.autocommit
+    try:
+        if not autocommit:
+            await conn.set_autocommit(True)
+    except BaseException:
+        await source.putconn(conn)
+        raise
+    return conn, autocommit
+
+
+async def _give(source, conn, autocommit):
+    """Roll back what is open, give autocommit back, return the connection."""
+    try:
+        if conn.info.transaction_status != _IDLE:
+            await conn.rollback()
+        if conn.autocommit != autocommit:
+            await conn.set_autocommit(autocommit)
+    except psycopg.Error:
+        pass  # a broken connection: the pool discards it
+    finally:
+        await source.putconn(conn)
+
+
+_pending = set()  # the duplicates' ROLLBACKs under way (a reference keeps each task)
+
+
+def _dismiss(source, conn, autocommit):
+    """A duplicate's connection (its BEGIN open, nothing written): rolled
+    back by a task of its own for a pool (the answer does not wait for it);
+    for the caller's connection, the awaitable to await now."""
+    if source.single:
+        return _give(source, conn, autocommit)
+    task = asyncio.ensure_future(_give(source, conn, autocommit))
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)
+    return None
+
+
 @contextlib.asynccontextmanager
 async def _own_transactions(conn):
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -66,7 +111,7 @@ class AsyncClaim:
     connection whose transaction commits with the stored answer), resumed,
     checkpoint(), keep_alive(), extend(), release(), all awaited."""
 
-    def __init__(self, source, key, scope, lease, conn=None, claim=None, resumed=None):
+    def __init__(self, source, key, scope, lease, conn=None, claim=None, resumed=None, autocommit=None):
         self._source = source
         self.key = key
         self.scope = scope
@@ -75,7 +120,8 @@ class AsyncClaim:
         self.released = False
         self.resumed = resumed
         self.checkpointed = False
-        self._conn = conn
+        self._conn = conn  # the open transaction (BEGIN sent, autocommit on), if any
+        self._autocommit = autocommit  # _conn's autocommit to give back
         self._lock = asyncio.Lock()
 
     @property
@@ -88,7 +134,13 @@ class AsyncClaim:
     async def _tx(self):
         async with self._lock:
             if self._conn is None:
-                self._conn = await self._source.getconn()
+                conn, autocommit = await _take(self._source)
+                try:
+                    await conn.execute("BEGIN")
+                except BaseException:
+                    await _give(self._source, conn, autocommit)
+                    raise
+                self._conn, self._autocommit = conn, autocommit
             return self._conn
 
     async def _apart(self, sql, args):
@@ -96,15 +148,11 @@ class AsyncClaim:
             if self._conn is not None:
                 await self._conn.execute(sql, args)
                 return False
-            conn = await self._source.getconn()
+            conn, autocommit = await _take(self._source)
             try:
                 await conn.execute(sql, args)
-                await conn.commit()
-            except BaseException:
-                await conn.rollback()
-                raise
             finally:
-                await self._source.putconn(conn)
+                await _give(self._source, conn, autocommit)
             return True
 
     async def release(self):
@@ -151,24 +199,24 @@ class AsyncClaim:
         if conn is None:
             return
         try:
-            if commit:
+            if commit and conn.info.transaction_status != _IDLE:
                 await conn.commit()
-            else:
-                await conn.rollback()
         finally:
-            await self._source.putconn(conn)
+            await _give(self._source, conn, self._autocommit)
 
 
 class AsyncIdempotency:
     """Idempotency over a psycopg_pool.AsyncConnectionPool (or one
     psycopg.AsyncConnection): handlers are coroutines that get an
-    AsyncClaim."""
+    AsyncClaim.  Options as Idempotency's (replay_cache, log_duplicates)."""
 
-    def __init__(self, pool, replay_ok=False, ttl=None):
+    def __init__(self, pool, replay_ok=False, ttl=None, replay_cache=None, log_duplicates="sampled"):
         self.pool = pool
         self._source = _source(pool)
         self.replay_ok = replay_ok
         self.ttl = ttl
+        self.replay_cache = _core.replay_cache(replay_cache)
+        self._dup_log = _core.duplicate_log(log_duplicates)
 
     async def handle(self, method, path, key, body, user, handler, lease=None, trace=None):
         """See Idempotency.handle; handler(claim) is awaited."""
@@ -181,31 +229,43 @@ class AsyncIdempotency:
 
     async def run(self, key, request, scope, handler, lease=None, trace=None, raise_errors=False):
         """See Idempotency.run; handler(claim) is awaited."""
+        cache = self.replay_cache
+        if cache is not None:
+            entry = cache.get(scope, key, request)
+            if entry is not None:
+                return _core.duplicate(entry, key, scope, trace, self.replay_ok, self._dup_log, cached=True)
         source = self._source
-        conn = await source.getconn()
+        conn, autocommit = await _take(source)
         try:
-            cur = await conn.execute(_core.ACQUIRE, (key, request, scope, self.ttl or None, lease or None, trace))
-            row = Acquired(await cur.fetchone())
-            if row.outcome != "acquired" or lease:
-                await conn.commit()
+            sent_at = time.monotonic()
+            cur = await conn.execute(_core.acquire_query(conn, key, request, scope, self.ttl, lease, trace,
+                                                         begin=not lease), prepare=False)
+            if not lease:
+                cur.nextset()
+            row = Acquired(await cur.fetchone(), sent_at)
         except psycopg.Error as err:
-            await conn.rollback()
-            await source.putconn(conn)
+            await _give(source, conn, autocommit)
             if raise_errors:
                 raise
             return _core.db_problem(err)
         except BaseException:
-            await conn.rollback()
-            await source.putconn(conn)
+            await _give(source, conn, autocommit)
             raise
-        if row.outcome != "acquired" or lease:
-            await source.putconn(conn)
-            conn = None
         if row.outcome != "acquired":
-            return _core.duplicate(row, key, scope, trace, self.replay_ok)
+            pending = _dismiss(source, conn, autocommit)
+            if pending is not None:
+                await pending
+            _core.cache_answer(cache, row, scope, key, request)
+            return _core.duplicate(row, key, scope, trace, self.replay_ok, self._dup_log)
+        if cache is not None:
+            cache.drop(scope, key)
+        if lease:
+            await _give(source, conn, autocommit)
+            conn = autocommit = None
 
         claim = AsyncClaim(source, key, scope, lease, conn=conn, claim=row.claim,
-                           resumed=(row.phase, row.state) if row.phase is not None else None)
+                           resumed=(row.phase, row.state) if row.phase is not None else None,
+                           autocommit=autocommit)
         try:
             resp = await handler(claim)
         except Exception as err:  # noqa: BLE001 -- answered 500, nothing stored
@@ -235,9 +295,8 @@ class AsyncIdempotency:
             return resp
         try:
             tx = await claim.tx
-            cur = await tx.execute(_core.COMPLETE, {
-                "key": key, "status": resp.status, "body": body, "scope": scope, "claim": claim.claim,
-                "headers": headers})
+            cur = await tx.execute(_core.complete_query(tx, key, resp.status, body, scope, claim.claim, headers),
+                                   prepare=False)
             _done, canonical = await cur.fetchone()
             await claim._end(commit=True)
         except psycopg.Error as err:
@@ -249,7 +308,20 @@ class AsyncIdempotency:
             if raise_errors:
                 raise
             return _core.db_problem(err)
+        _core.cache_completion(cache, row, scope, key, request, resp.status, canonical, headers, trace)
         return _core.first_answer(resp, canonical)
+
+    async def forget(self, key, scope=""):
+        """See Idempotency.forget."""
+        conn, autocommit = await _take(self._source)
+        try:
+            cur = await conn.execute(_core.FORGET, (key, scope))
+            (removed,) = await cur.fetchone()
+        finally:
+            await _give(self._source, conn, autocommit)
+        if self.replay_cache is not None:
+            self.replay_cache.forget(key, scope)
+        return removed
 
     @staticmethod
     async def _failed(claim):
@@ -259,7 +331,8 @@ class AsyncIdempotency:
                 await claim.release()
 
 
-async def idempotent_async(conn_or_pool, key, request, fn, scope="", ttl=None, lease=None, trace=None):
+async def idempotent_async(conn_or_pool, key, request, fn, scope="", ttl=None, lease=None, trace=None,
+                           replay_cache=None, log_duplicates="sampled"):
     """idempotent() for asyncio: fn(claim) is a coroutine function, claim an
     AsyncClaim (`await claim.tx`); conn_or_pool a psycopg.AsyncConnection or
     a psycopg_pool.AsyncConnectionPool."""
@@ -268,11 +341,15 @@ async def idempotent_async(conn_or_pool, key, request, fn, scope="", ttl=None, l
     async def handler(claim):
         return Response(200, json.dumps(await fn(claim)))
 
+    engine = AsyncIdempotency(conn_or_pool, ttl=ttl, replay_cache=replay_cache, log_duplicates=log_duplicates)
     if isinstance(conn_or_pool, psycopg.AsyncConnection):
         async with _own_transactions(conn_or_pool):
-            resp = await AsyncIdempotency(conn_or_pool, ttl=ttl).run(
-                key, text, scope, handler, lease=lease, trace=trace, raise_errors=True)
+            resp = await engine.run(key, text, scope, handler, lease=lease, trace=trace, raise_errors=True)
     else:
-        resp = await AsyncIdempotency(conn_or_pool, ttl=ttl).run(
-            key, text, scope, handler, lease=lease, trace=trace, raise_errors=True)
+        resp = await engine.run(key, text, scope, handler, lease=lease, trace=trace, raise_errors=True)
     return _result(resp, key)
+
+
+async def forget_async(conn_or_pool, key, scope="", replay_cache=None):
+    """forget() for asyncio: an idle AsyncConnection or an AsyncConnectionPool."""
+    return await AsyncIdempotency(conn_or_pool, replay_cache=replay_cache).forget(key, scope)

@@ -4,7 +4,9 @@ the plain wrapper for queue consumers and jobs."""
 
 import contextlib
 import json
+import queue
 import threading
+import time
 
 import psycopg
 
@@ -49,6 +51,74 @@ def _source(conn_or_pool):
     return _PoolSource(conn_or_pool)
 
 
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+def _take(source):
+    """A connection from source in autocommit (the engine sends BEGIN itself,
+    with the statement after it: psycopg's own BEGIN would be a round trip
+    of its own), and the autocommit to give it back with."""
+    conn = source.getconn()
+    autocommit = conn.autocommit
+    try:
+        if not autocommit:
+            conn.autocommit = True
+    except BaseException:
+        source.putconn(conn)
+        raise
+    return conn, autocommit
+
+
+def _give(source, conn, autocommit):
+    """Roll back what is open, give autocommit back, return the connection."""
+    try:
+        if conn.info.transaction_status != _IDLE:
+            conn.rollback()
+        if conn.autocommit != autocommit:
+            conn.autocommit = autocommit
+    except psycopg.Error:
+        pass  # a broken connection: the pool discards it
+    finally:
+        source.putconn(conn)
+
+
+class _Rollbacks:
+    """A duplicate's ROLLBACK after its answer has gone: a pool's connection
+    is rolled back and returned by this thread (started at first use)."""
+
+    def __init__(self):
+        self._queue = queue.SimpleQueue()
+        self._thread = None
+        self._lock = threading.Lock()
+
+    def put(self, source, conn, autocommit):
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="pg_idempotency rollbacks", daemon=True)
+                self._thread.start()
+        self._queue.put((source, conn, autocommit))
+
+    def _run(self):
+        while True:
+            item = self._queue.get()
+            try:
+                _give(*item)
+            except Exception:  # noqa: BLE001 -- a closed pool, say: the thread goes on
+                _core.log.debug("pg_idempotency: a duplicate's connection could not be given back", exc_info=True)
+
+
+_rollbacks = _Rollbacks()
+
+
+def _dismiss(source, conn, autocommit):
+    """A duplicate's connection (its BEGIN open, nothing written): rolled
+    back later for a pool, now for the caller's connection."""
+    if source.single:
+        _give(source, conn, autocommit)
+    else:
+        _rollbacks.put(source, conn, autocommit)
+
+
 @contextlib.contextmanager
 def _own_transactions(conn):
     """A caller's connection, idle, with autocommit off for the block."""
@@ -71,7 +141,7 @@ class Claim:
     transaction commits with the stored answer), resumed, checkpoint(),
     keep_alive(), extend(), release()."""
 
-    def __init__(self, source, key, scope, lease, conn=None, claim=None, resumed=None):
+    def __init__(self, source, key, scope, lease, conn=None, claim=None, resumed=None, autocommit=None):
         self._source = source
         self.key = key
         self.scope = scope
@@ -82,34 +152,38 @@ class Claim:
         # claim taken over, or None
         self.resumed = resumed
         self.checkpointed = False  # a checkpoint was committed on its own
-        self._conn = conn  # the open transaction, if any
+        self._conn = conn  # the open transaction (BEGIN sent, autocommit on), if any
+        self._autocommit = autocommit  # _conn's autocommit to give back
         self._lock = threading.RLock()
 
     @property
     def tx(self):
         """The connection whose transaction commits with the stored answer.
         In lease mode it is taken at first use: use it after the outside
-        call, not before."""
+        call, not before.  (Its autocommit is on, inside the engine's own
+        BEGIN: do not commit it.)"""
         with self._lock:
             if self._conn is None:
-                self._conn = self._source.getconn()
+                conn, autocommit = _take(self._source)
+                try:
+                    conn.execute("BEGIN")
+                except BaseException:
+                    _give(self._source, conn, autocommit)
+                    raise
+                self._conn, self._autocommit = conn, autocommit
             return self._conn
 
     def _apart(self, sql, args):
-        """Run sql in the open transaction, else in one of its own, committed."""
+        """Run sql in the open transaction, else on its own (autocommit)."""
         with self._lock:
             if self._conn is not None:
                 self._conn.execute(sql, args)
                 return False
-            conn = self._source.getconn()
+            conn, autocommit = _take(self._source)
             try:
                 conn.execute(sql, args)
-                conn.commit()
-            except BaseException:
-                conn.rollback()
-                raise
             finally:
-                self._source.putconn(conn)
+                _give(self._source, conn, autocommit)
             return True
 
     def release(self):
@@ -160,17 +234,17 @@ class Claim:
                 thread.join()
 
     def _end(self, commit):
+        """Commit or roll back the open transaction, if any, and give its
+        connection back (also after COMPLETE_COMMIT, with nothing open)."""
         with self._lock:
             conn, self._conn = self._conn, None
         if conn is None:
             return
         try:
-            if commit:
+            if commit and conn.info.transaction_status != _IDLE:
                 conn.commit()
-            else:
-                conn.rollback()
         finally:
-            self._source.putconn(conn)
+            _give(self._source, conn, self._autocommit)
 
 
 class Idempotency:
@@ -180,13 +254,22 @@ class Idempotency:
 
     pool: a psycopg_pool.ConnectionPool (or one psycopg.Connection, used by
     one thread at a time).  replay_ok: a replayed 2xx is answered 200.
-    ttl: seconds a record is kept (None: idempotency.default_ttl)."""
+    ttl: seconds a record is kept (None: idempotency.default_ttl).
+    replay_cache: a ReplayCache (True: one with the defaults; None: none).
+    log_duplicates: "sampled" (at most a line a second), "all" or "off".
 
-    def __init__(self, pool, replay_ok=False, ttl=None):
+    A new key takes two round trips to PostgreSQL besides the handler's own
+    statements (BEGIN with idem_acquire, then idem_complete with COMMIT: one
+    simple query each); a replay one before its answer (its ROLLBACK goes
+    after it)."""
+
+    def __init__(self, pool, replay_ok=False, ttl=None, replay_cache=None, log_duplicates="sampled"):
         self.pool = pool
         self._source = _source(pool)
         self.replay_ok = replay_ok
         self.ttl = ttl
+        self.replay_cache = _core.replay_cache(replay_cache)
+        self._dup_log = _core.duplicate_log(log_duplicates)
 
     def handle(self, method, path, key, body, user, handler, lease=None, trace=None):
         """An HTTP request: key (the Idempotency-Key header or None), body
@@ -203,27 +286,43 @@ class Idempotency:
         which returns a Response.  Returns the Response to send, its outcome
         set.  raise_errors: a database error or the handler's exception is
         raised (after the rollback) instead of answered."""
+        cache = self.replay_cache
+        if cache is not None:
+            entry = cache.get(scope, key, request)
+            if entry is not None:
+                return _core.duplicate(entry, key, scope, trace, self.replay_ok, self._dup_log, cached=True)
         source = self._source
-        conn = source.getconn()
+        conn, autocommit = _take(source)
         try:
-            row = Acquired(conn.execute(_core.ACQUIRE, (key, request, scope, self.ttl or None,
-                                                        lease or None, trace)).fetchone())
-            if row.outcome != "acquired" or lease:
-                conn.commit()  # lease mode: the claim is now visible, as processing
+            sent_at = time.monotonic()
+            # BEGIN and the claim in one round trip (lease mode: the claim
+            # alone, in autocommit: it is committed, visible as processing)
+            cur = conn.execute(_core.acquire_query(conn, key, request, scope, self.ttl, lease, trace,
+                                                   begin=not lease), prepare=False)
+            if not lease:
+                cur.nextset()
+            row = Acquired(cur.fetchone(), sent_at)
         except psycopg.Error as err:
-            conn.rollback()
-            source.putconn(conn)
+            _give(source, conn, autocommit)
             if raise_errors:
                 raise
             return _core.db_problem(err)
-        if row.outcome != "acquired" or lease:
-            source.putconn(conn)
-            conn = None
+        except BaseException:
+            _give(source, conn, autocommit)
+            raise
         if row.outcome != "acquired":
-            return _core.duplicate(row, key, scope, trace, self.replay_ok)
+            # nothing written: the answer goes out, the ROLLBACK after it
+            _dismiss(source, conn, autocommit)
+            _core.cache_answer(cache, row, scope, key, request)
+            return _core.duplicate(row, key, scope, trace, self.replay_ok, self._dup_log)
+        if cache is not None:
+            cache.drop(scope, key)
+        if lease:
+            _give(source, conn, autocommit)
+            conn = autocommit = None
 
         claim = Claim(source, key, scope, lease, conn=conn, claim=row.claim,
-                      resumed=(row.phase, row.state) if row.phase is not None else None)
+                      resumed=(row.phase, row.state) if row.phase is not None else None, autocommit=autocommit)
         try:
             resp = handler(claim)
         except Exception as err:  # noqa: BLE001 -- answered 500, nothing stored
@@ -254,9 +353,10 @@ class Idempotency:
             resp.outcome = "released"
             return resp
         try:
-            _done, canonical = claim.tx.execute(_core.COMPLETE, {
-                "key": key, "status": resp.status, "body": body, "scope": scope, "claim": claim.claim,
-                "headers": headers}).fetchone()
+            # idem_complete and COMMIT in one round trip
+            tx = claim.tx
+            _done, canonical = tx.execute(_core.complete_query(tx, key, resp.status, body, scope, claim.claim,
+                                                               headers), prepare=False).fetchone()
             claim._end(commit=True)
         except psycopg.Error as err:
             claim._end(commit=False)
@@ -269,7 +369,21 @@ class Idempotency:
             if raise_errors:
                 raise
             return _core.db_problem(err)
+        _core.cache_completion(cache, row, scope, key, request, resp.status, canonical, headers, trace)
         return _core.first_answer(resp, canonical)
+
+    def forget(self, key, scope=""):
+        """idem_forget(key, scope), committed, then the key evicted from this
+        engine's replay cache (other processes' caches may still answer it
+        until their entries' max_age passes).  Whether a record was removed."""
+        conn, autocommit = _take(self._source)
+        try:
+            (removed,) = conn.execute(_core.FORGET, (key, scope)).fetchone()
+        finally:
+            _give(self._source, conn, autocommit)
+        if self.replay_cache is not None:
+            self.replay_cache.forget(key, scope)
+        return removed
 
     @staticmethod
     def _failed(claim):
@@ -281,7 +395,8 @@ class Idempotency:
                 claim.release()
 
 
-def idempotent(conn_or_pool, key, request, fn, scope="", ttl=None, lease=None, trace=None):
+def idempotent(conn_or_pool, key, request, fn, scope="", ttl=None, lease=None, trace=None, replay_cache=None,
+               log_duplicates="sampled"):
     """Run fn(claim) once for (scope, key) and request (a JSON value, or
     JSON text); returns what it returned (a JSON value), as stored: the
     first call and every later one with the same key and request get the
@@ -293,15 +408,24 @@ def idempotent(conn_or_pool, key, request, fn, scope="", ttl=None, lease=None, t
     rolling back its writes and the claim: a retry runs fn again) or a
     psycopg error.  lease (seconds): the claim commits first and fn runs
     outside a transaction until it takes claim.tx (for outside calls; see
-    claim.keep_alive and claim.checkpoint)."""
+    claim.keep_alive and claim.checkpoint).  replay_cache: a ReplayCache
+    shared by the calls (a replay it holds is answered without the
+    database); log_duplicates: see Idempotency."""
     text = _core.request_text(request)
     guard = _own_transactions(conn_or_pool) if isinstance(conn_or_pool, psycopg.Connection) \
         else contextlib.nullcontext()
     with guard:
-        resp = Idempotency(conn_or_pool, ttl=ttl).run(
+        resp = Idempotency(conn_or_pool, ttl=ttl, replay_cache=replay_cache, log_duplicates=log_duplicates).run(
             key, text, scope, lambda claim: Response(200, json.dumps(fn(claim))), lease=lease, trace=trace,
             raise_errors=True)
     return _result(resp, key)
+
+
+def forget(conn_or_pool, key, scope="", replay_cache=None):
+    """idem_forget(key, scope) on conn_or_pool (an idle psycopg.Connection
+    or a ConnectionPool), committed, then the key evicted from replay_cache.
+    Whether a record was removed."""
+    return Idempotency(conn_or_pool, replay_cache=replay_cache).forget(key, scope)
 
 
 def _result(resp, key):

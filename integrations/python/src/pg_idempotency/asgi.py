@@ -40,16 +40,26 @@ class IdempotencyMiddleware:
     leases: {path: seconds} (or a function of (method, path)) for lease
     mode.  user: a function of the ASGI scope giving the user the scope of
     a key holds (default: Starlette's scope["user"]).  replay_ok: a
-    replayed 2xx is answered 200.  ttl: seconds records are kept."""
+    replayed 2xx is answered 200.  ttl: seconds records are kept.
+    replay_cache: a ReplayCache (or True: one with the defaults) that
+    answers replays of completed answers without the database.
+    log_duplicates: "sampled" (at most a line a second), "all" or "off"."""
 
     def __init__(self, app, pool, leases=None, user=None, replay_ok=False, ttl=None,
-                 methods=("POST", "PUT", "PATCH", "DELETE"), skip_paths=("/health", "/metrics")):
+                 methods=("POST", "PUT", "PATCH", "DELETE"), skip_paths=("/health", "/metrics"),
+                 replay_cache=None, log_duplicates="sampled"):
         self.app = app
-        self.engine = AsyncIdempotency(pool, replay_ok=replay_ok, ttl=ttl)
+        self.engine = AsyncIdempotency(pool, replay_ok=replay_ok, ttl=ttl, replay_cache=replay_cache,
+                                       log_duplicates=log_duplicates)
         self.leases = leases or {}
         self.user = user or _default_user
         self.methods = set(methods)
         self.skip_paths = set(skip_paths)
+
+    async def forget(self, key, scope):
+        """idem_forget, then the key evicted from this middleware's cache
+        (scope: pg_idempotency.http_scope(user, method, path))."""
+        return await self.engine.forget(key, scope)
 
     def _lease(self, method, path):
         if callable(self.leases):

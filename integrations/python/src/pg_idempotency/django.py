@@ -17,7 +17,9 @@ or a function of (method, path)), USER (a function of the request, or its
 dotted path, giving the user a key's scope holds; default the
 authenticated request.user's pk), REPLAY_200 (a replayed 2xx is answered
 200), TTL (seconds), METHODS (POST, PUT, PATCH, DELETE), SKIP_PATHS
-(/health, /metrics).
+(/health, /metrics), REPLAY_CACHE (a pg_idempotency.ReplayCache, True for
+one with the defaults, or a dict of its options), LOG_DUPLICATES
+("sampled", the default: at most a line a second; "all"; "off").
 
 The view's writes on request.idempotency.tx commit with its stored
 answer.  Django's ORM uses Django's own connection, which is not that
@@ -29,6 +31,7 @@ from django.conf import settings
 from django.http import HttpResponse
 from django.utils.module_loading import import_string
 
+from ._core import ReplayCache
 from ._sync import Idempotency
 
 __all__ = ["IdempotencyMiddleware"]
@@ -70,12 +73,21 @@ class IdempotencyMiddleware:
     def __init__(self, get_response):
         conf = getattr(settings, "IDEMPOTENCY", {})
         self.get_response = get_response
-        self.engine = Idempotency(_pool(conf), replay_ok=bool(conf.get("REPLAY_200")), ttl=conf.get("TTL"))
+        cache = conf.get("REPLAY_CACHE")
+        if isinstance(cache, dict):
+            cache = ReplayCache(**{k.lower(): v for k, v in cache.items()})
+        self.engine = Idempotency(_pool(conf), replay_ok=bool(conf.get("REPLAY_200")), ttl=conf.get("TTL"),
+                                  replay_cache=cache, log_duplicates=conf.get("LOG_DUPLICATES") or "sampled")
         self.leases = conf.get("LEASES") or {}
         user = conf.get("USER") or _default_user
         self.user = import_string(user) if isinstance(user, str) else user
         self.methods = set(conf.get("METHODS") or ("POST", "PUT", "PATCH", "DELETE"))
         self.skip_paths = set(conf.get("SKIP_PATHS") or ("/health", "/metrics"))
+
+    def forget(self, key, scope):
+        """idem_forget, then the key evicted from this middleware's cache
+        (scope: pg_idempotency.http_scope(user, method, path))."""
+        return self.engine.forget(key, scope)
 
     def _lease(self, method, path):
         if callable(self.leases):
