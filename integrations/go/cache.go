@@ -266,6 +266,9 @@ type sampler struct {
 
 var dupSampler = &sampler{now: time.Now, printf: log.Printf}
 
+// logPrint writes LogAll's lines (the standard logger's Print).
+var logPrint = log.Print
+
 func (s *sampler) log(line string) {
 	s.mu.Lock()
 	now := s.now()

@@ -58,7 +58,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"math"
 	"net/http"
 	"strconv"
@@ -521,7 +520,7 @@ func (cfg *config) logDuplicate(outcome, key, scope string, trace, originTrace *
 	line := fmt.Sprintf("idempotency: %s, key %q scope %q: traceparent %s, first request's %s",
 		outcome, key, scope, orDash(trace), orDash(originTrace))
 	if cfg.logMode == LogAll {
-		log.Print(line)
+		logPrint(line)
 		return
 	}
 	dupSampler.log(line)
