@@ -12,7 +12,8 @@
 // Idempotency-Key header and the JSON body, and:
 //
 //   - opens one transaction and calls idempotency.idem_acquire(key, body,
-//     scope) in it, the scope being the authenticated user and the path;
+//     scope) in it, the scope being the authenticated user and the path
+//     (BEGIN and the call in one round trip: one simple query);
 //   - acquired: runs the handler, which does its writes in the same
 //     transaction (Tx(r.Context())), then stores the handler's status and
 //     body with idempotency.idem_complete and commits: the claim, the
@@ -20,13 +21,15 @@
 //     together. The response is held back until the commit has succeeded;
 //   - replay: answers the stored status, body and headers (those of
 //     ReplayedHeaders that the first answer had), with Idempotent-Replayed:
-//     true, without running the handler;
+//     true, without running the handler (with the ReplayCache option, a
+//     byte-identical retry of a completed request is answered from memory);
 //   - in_progress: 409 with Retry-After (retry_after);
 //   - mismatch: 422.
 //
 // The request's W3C traceparent header goes with the claim (idem_acquire's
-// trace). A replay, a 409 or a 422 logs a line with its own traceparent and
-// the first request's (origin_trace), and sends the first request's back in
+// trace). A replay, a 409 or a 422 logs a line (sampled by default:
+// LogDuplicates) with its own traceparent and the first request's
+// (origin_trace), and sends the first request's back in
 // Idempotent-Origin-Trace: the client (the same user: the scope holds it)
 // can then find the attempt that did the work in its traces.
 //
