@@ -12,7 +12,8 @@
 // Idempotency-Key header and the JSON body, and:
 //
 //   - opens one transaction and calls idempotency.idem_acquire(key, body,
-//     scope) in it, the scope being the authenticated user and the path;
+//     scope) in it, the scope being the authenticated user and the path
+//     (BEGIN and the call in one round trip: one simple query);
 //   - acquired: runs the handler, which does its writes in the same
 //     transaction (Tx(r.Context())), then stores the handler's status and
 //     body with idempotency.idem_complete and commits: the claim, the
@@ -20,13 +21,15 @@
 //     together. The response is held back until the commit has succeeded;
 //   - replay: answers the stored status, body and headers (those of
 //     ReplayedHeaders that the first answer had), with Idempotent-Replayed:
-//     true, without running the handler;
+//     true, without running the handler (with the ReplayCache option, a
+//     byte-identical retry of a completed request is answered from memory);
 //   - in_progress: 409 with Retry-After (retry_after);
 //   - mismatch: 422.
 //
 // The request's W3C traceparent header goes with the claim (idem_acquire's
-// trace). A replay, a 409 or a 422 logs a line with its own traceparent and
-// the first request's (origin_trace), and sends the first request's back in
+// trace). A replay, a 409 or a 422 logs a line (sampled by default:
+// LogDuplicates) with its own traceparent and the first request's
+// (origin_trace), and sends the first request's back in
 // Idempotent-Origin-Trace: the client (the same user: the scope holds it)
 // can then find the attempt that did the work in its traces.
 //
@@ -54,12 +57,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"math"
 	"net/http"
 	"strconv"
@@ -132,6 +133,8 @@ type config struct {
 	replayOK bool
 	ttl      time.Duration
 	leases   map[string]time.Duration
+	cache    *Cache
+	logMode  LogMode
 }
 
 // SkipPaths adds paths that are passed through untouched (besides /health
@@ -201,8 +204,16 @@ type state struct {
 	phase  *string       // after a takeover: the last checkpoint of the claim taken over
 	pstate *string       // ... and its state (jsonb's text)
 
+	cache   *Cache            // the ReplayCache option's, or nil
+	request string            // idem_acquire's request, as sent (the body, or "null")
+	trace   *string           // the request's traceparent (idem_acquire's trace)
+	hash    [sha256.Size]byte // the request's SHA-256 (replay cache)
+	epoch   uint64            // the replay cache's epoch before the claim
+	sent    time.Time         // local clock before idem_acquire was sent
+	left    time.Duration     // expires_at - the database's clock, as idem_acquire answered
+
 	mu           sync.Mutex // serializes the handler and a KeepAlive goroutine
-	tx           pgx.Tx
+	tx           *claimTx
 	released     bool
 	failed       error // Fail's: roll back, store nothing
 	checkpointed bool  // a checkpoint was committed: a failure leaves the claim to its lease
@@ -281,85 +292,70 @@ func (cfg *config) handle(w http.ResponseWriter, r *http.Request, next http.Hand
 		trace = &tp
 	}
 
-	st := &state{pool: pool, key: key, scope: cfg.scope(r)}
-	st.ctx, st.cancel = context.WithTimeout(context.Background(), dbTimeout)
-	defer st.cancel()
+	st := &state{pool: pool, cache: cfg.cache, key: key, scope: cfg.scope(r), request: request, trace: trace}
+	if strings.IndexByte(key, 0) >= 0 || strings.IndexByte(st.scope, 0) >= 0 || (trace != nil && strings.IndexByte(*trace, 0) >= 0) {
+		problem(w, http.StatusBadRequest, "bad-request", "Request refused",
+			"The Idempotency-Key, the path or the traceparent holds a NUL byte.")
+		return
+	}
 	st.lease = cfg.leases[r.Method+" "+route]
 
-	tx, err := pool.Begin(st.ctx)
-	if err != nil {
-		dbProblem(w, err)
-		return
-	}
-	var (
-		outcome     string
-		status      *int32
-		stored      *string
-		retryAfter  *int32
-		claim       *string
-		headers     *string
-		originTrace *string
-	)
-	err = tx.QueryRow(st.ctx, `
-		SELECT outcome, response_status, response_body::text, retry_after, claim::text,
-		       phase, state::text, response_headers::text, origin_trace
-		  FROM idempotency.idem_acquire(key => $1, request => $2::jsonb, scope => $3,
-		                                ttl => $4::float8 * interval '1 second',
-		                                lease => $5::float8 * interval '1 second',
-		                                trace => $6)`,
-		key, request, st.scope, seconds(cfg.ttl), seconds(st.lease), trace).
-		Scan(&outcome, &status, &stored, &retryAfter, &claim, &st.phase, &st.pstate, &headers, &originTrace)
-	if err != nil {
-		_ = tx.Rollback(st.ctx)
-		dbProblem(w, err)
-		return
-	}
-
-	if outcome != "acquired" {
-		// A duplicate: link it to the first request, in the log and for
-		// the client.
-		log.Printf("idempotency: %s, key %q scope %q: traceparent %s, first request's %s",
-			outcome, key, st.scope, orDash(trace), orDash(originTrace))
-		if originTrace != nil {
-			w.Header().Set(HeaderOriginTrace, *originTrace)
+	// The replay cache: a completed answer to this very request.
+	if cfg.cache != nil {
+		st.hash = sha256.Sum256([]byte(request))
+		if e := cfg.cache.get(st.scope, key, st.hash); e != nil {
+			cfg.logDuplicate("replay (cached)", key, st.scope, trace, e.originTrace)
+			cfg.replay(w, e.status, e.body, e.headers, e.originTrace)
+			return
 		}
+		st.epoch = cfg.cache.snapshot()
 	}
 
-	switch outcome {
+	st.ctx, st.cancel = context.WithTimeout(context.Background(), dbTimeout)
+	defer st.cancel()
+
+	a, conn, err := cfg.acquire(st)
+	if err != nil {
+		dbProblem(w, err)
+		return
+	}
+
+	if a.outcome != "acquired" {
+		// A duplicate wrote nothing: its transaction is rolled back after
+		// the answer (rollbackLater), which does not wait for it.
+		defer rollbackLater(conn)
+		// Link it to the first request, in the log and for the client.
+		cfg.logDuplicate(a.outcome, key, st.scope, trace, a.originTrace)
+	}
+
+	switch a.outcome {
 	case "replay":
-		_ = tx.Rollback(st.ctx) // the lookup wrote nothing
-		code := int(*status)
-		if cfg.replayOK && code >= 200 && code < 300 {
-			code = http.StatusOK
+		if a.status == nil {
+			dbProblem(w, errors.New("idem_acquire answered replay without a status"))
+			return
 		}
-		ct := ""
-		if headers != nil {
-			var h map[string]string
-			if err := json.Unmarshal([]byte(*headers), &h); err == nil {
-				// stored in lower case: sent as ReplayedHeaders spell them
-				for name, v := range h {
-					if name == "content-type" {
-						ct = v
-						continue
-					}
-					w.Header()[spelling(name)] = []string{v}
-				}
-			}
+		if cfg.cache != nil {
+			cfg.cache.put(&entry{k: cacheKey{st.scope, key}, request: st.hash, status: int(*a.status),
+				body: a.body, headers: a.headers, originTrace: a.originTrace,
+				deadline: st.sent.Add(a.left)}, st.epoch)
 		}
-		w.Header().Set(HeaderReplayed, "true")
-		respond(w, code, stored, ct)
+		cfg.replay(w, int(*a.status), a.body, a.headers, a.originTrace)
 		return
 	case "mismatch":
-		_ = tx.Rollback(st.ctx)
+		if a.originTrace != nil {
+			w.Header().Set(HeaderOriginTrace, *a.originTrace)
+		}
 		problem(w, http.StatusUnprocessableEntity, "idempotency-key-reused",
 			"Idempotency-Key already used for another request",
 			"This key was sent before with a different request body; use a new key for a new request.")
 		return
 	case "in_progress":
-		_ = tx.Rollback(st.ctx)
+		if a.originTrace != nil {
+			w.Header().Set(HeaderOriginTrace, *a.originTrace)
+		}
 		wait := 1
-		if retryAfter != nil && *retryAfter > 0 {
-			wait = int(*retryAfter)
+		if a.retryAfter != nil && *a.retryAfter > 0 {
+			wait = int(*a.retryAfter)
 		}
 		w.Header().Set("Retry-After", strconv.Itoa(wait))
 		problem(w, http.StatusConflict, "request-in-progress",
@@ -368,12 +364,13 @@ func (cfg *config) handle(w http.ResponseWriter, r *http.Request, next http.Hand
 		return
 	case "acquired":
 	default:
-		_ = tx.Rollback(st.ctx)
-		dbProblem(w, fmt.Errorf("idem_acquire answered the unknown outcome %q", outcome))
+		dbProblem(w, fmt.Errorf("idem_acquire answered the unknown outcome %q", a.outcome))
 		return
 	}
 
 	// acquired
+	st.claim, st.phase, st.pstate, st.left = a.claim, a.phase, a.pstate, a.left
+	tx := &claimTx{conn: conn}
 	if st.lease > 0 {
 		// Commit the claim now: it is visible as processing, protected by
 		// its lease, while the handler calls out.
@@ -384,7 +381,6 @@ func (cfg *config) handle(w http.ResponseWriter, r *http.Request, next http.Hand
 	} else {
 		st.tx = tx
 	}
-	st.claim = claim
 
 	hw := &holdWriter{header: w.Header(), status: http.StatusOK}
 	func() {
@@ -399,6 +395,138 @@ func (cfg *config) handle(w http.ResponseWriter, r *http.Request, next http.Hand
 		next.ServeHTTP(hw, r.WithContext(context.WithValue(r.Context(), stateKey, st)))
 	}()
 	st.finish(w, hw)
+}
+
+// acquired is what idem_acquire answered.
+type acquired struct {
+	outcome              string
+	status, retryAfter   *int32
+	body, claim          *string
+	phase, pstate        *string
+	headers, originTrace *string
+	left                 time.Duration // expires_at - clock_timestamp(); 0 when unknown
+}
+
+// acquire sends BEGIN and idem_acquire in one round trip (one simple
+// query, the values as literals) on a connection of the pool, and answers
+// what idem_acquire did; the transaction is open on conn then (err nil).
+// It notes in st the local time before the query went, and idem_acquire's
+// expires_at less the database's clock_timestamp() after the call.
+func (cfg *config) acquire(st *state) (a acquired, conn *pgxpool.Conn, err error) {
+	conn, err = st.pool.Acquire(st.ctx)
+	if err != nil {
+		return a, nil, err
+	}
+	pc := conn.Conn().PgConn()
+	vals := []*string{&st.key, &st.request, &st.scope, st.trace}
+	lits := make([]string, len(vals))
+	for i, v := range vals {
+		if lits[i], err = literal(pc, v); err != nil {
+			conn.Release()
+			return a, nil, err
+		}
+	}
+	query := `BEGIN;
+SELECT outcome, response_status, response_body::text, retry_after, claim::text, phase, state::text,
+       response_headers::text, origin_trace,
+       extract(epoch FROM expires_at - pg_catalog.clock_timestamp())::float8
+  FROM idempotency.idem_acquire(key => ` + lits[0] + `::text, request => ` + lits[1] + `::jsonb,
+                                scope => ` + lits[2] + `::text, ttl => ` + interval(seconds(cfg.ttl)) + `,
+                                lease => ` + interval(seconds(st.lease)) + `, trace => ` + lits[3] + `::text)`
+	st.sent = time.Now()
+	res, err := pc.Exec(st.ctx, query).ReadAll()
+	if err == nil && (len(res) != 2 || len(res[1].Rows) != 1 || len(res[1].Rows[0]) != 10) {
+		err = errors.New("idempotency: unexpected answer to BEGIN and idem_acquire")
+	}
+	if err != nil {
+		if !pc.IsClosed() && pc.TxStatus() != 'I' {
+			rollbackLater(conn)
+		} else {
+			conn.Release()
+		}
+		return a, nil, err
+	}
+	row := res[1].Rows[0]
+	text := func(i int) *string {
+		if row[i] == nil {
+			return nil
+		}
+		s := string(row[i])
+		return &s
+	}
+	integer := func(i int) *int32 {
+		if row[i] == nil {
+			return nil
+		}
+		n, perr := strconv.ParseInt(string(row[i]), 10, 32)
+		if perr != nil {
+			err = perr
+		}
+		v := int32(n)
+		return &v
+	}
+	a.outcome = string(row[0])
+	a.status, a.body, a.retryAfter, a.claim = integer(1), text(2), integer(3), text(4)
+	a.phase, a.pstate, a.headers, a.originTrace = text(5), text(6), text(7), text(8)
+	if row[9] != nil {
+		f, perr := strconv.ParseFloat(string(row[9]), 64)
+		if perr != nil {
+			err = perr
+		} else if f > 0 {
+			a.left = time.Duration(f * float64(time.Second))
+		}
+	}
+	if err != nil {
+		rollbackLater(conn)
+		return a, nil, err
+	}
+	return a, conn, nil
+}
+
+// replay answers a stored answer: its status (200 for a 2xx with
+// ReplayAsOK), body and headers, Idempotent-Replayed: true, and the first
+// request's trace in Idempotent-Origin-Trace. From the database or the
+// replay cache alike.
+func (cfg *config) replay(w http.ResponseWriter, status int, body, headers, originTrace *string) {
+	if originTrace != nil {
+		w.Header().Set(HeaderOriginTrace, *originTrace)
+	}
+	code := status
+	if cfg.replayOK && code >= 200 && code < 300 {
+		code = http.StatusOK
+	}
+	ct := ""
+	if headers != nil {
+		var h map[string]string
+		if err := json.Unmarshal([]byte(*headers), &h); err == nil {
+			// stored in lower case: sent as ReplayedHeaders spell them
+			for name, v := range h {
+				if strings.EqualFold(name, "content-type") {
+					ct = v
+					continue
+				}
+				w.Header()[spelling(name)] = []string{v}
+			}
+		}
+	}
+	w.Header().Set(HeaderReplayed, "true")
+	respond(w, code, body, ct)
+}
+
+// logDuplicate writes the line of a duplicate answer (LogDuplicates): the
+// outcome, the key and scope, the request's traceparent and the first
+// request's.
+func (cfg *config) logDuplicate(outcome, key, scope string, trace, originTrace *string) {
+	if cfg.logMode == LogOff {
+		return
+	}
+	line := fmt.Sprintf("idempotency: %s, key %q scope %q: traceparent %s, first request's %s",
+		outcome, key, scope, orDash(trace), orDash(originTrace))
+	if cfg.logMode == LogAll {
+		logPrint(line)
+		return
+	}
+	dupSampler.log(line)
 }
 
 // finish stores the handler's response and commits, then sends it; or,
@@ -470,17 +598,13 @@ func (st *state) finish(w http.ResponseWriter, hw *holdWriter) {
 		dbProblem(w, err)
 		return
 	}
-	// The body goes out as the database stores it (jsonb's text), so that
-	// the first answer and every replay are the same bytes.
-	var done bool
+	// idem_complete and COMMIT in one round trip. The body goes out as the
+	// database stores it (jsonb's text), so that the first answer and every
+	// replay are the same bytes.
 	var canonical *string
-	err = tx.QueryRow(st.ctx, `
-		SELECT idempotency.idem_complete(key => $1, response_status => $2, response_body => $3::jsonb,
-		                                 scope => $4, claim => $5::uuid, response_headers => $6::jsonb),
-		       $3::jsonb::text`,
-		st.key, hw.status, body, st.scope, st.claim, headers).Scan(&done, &canonical)
+	query, err := completeQuery(tx, st, hw.status, body, headers)
 	if err == nil {
-		err = tx.Commit(st.ctx)
+		canonical, err = tx.completeAndCommit(st.ctx, query)
 	} else {
 		_ = tx.Rollback(st.ctx)
 	}
@@ -500,7 +624,32 @@ func (st *state) finish(w http.ResponseWriter, hw *holdWriter) {
 		dbProblem(w, err)
 		return
 	}
+	if st.cache != nil && st.left > 0 {
+		// committed: this answer is the key's, until its expires_at
+		st.cache.put(&entry{k: cacheKey{st.scope, st.key}, request: st.hash, status: hw.status,
+			body: canonical, headers: headers, originTrace: st.trace, deadline: st.sent.Add(st.left)}, st.epoch)
+	}
 	respond(w, hw.status, canonical, ct)
+}
+
+// completeQuery is idem_complete, answering the stored body's text too,
+// then COMMIT: one simple query, its values as literals.
+func completeQuery(tx *claimTx, st *state, status int, body, headers *string) (string, error) {
+	pc := tx.conn.Conn().PgConn()
+	vals := []*string{&st.key, body, &st.scope, st.claim, headers}
+	lits := make([]string, len(vals))
+	for i, v := range vals {
+		var err error
+		if lits[i], err = literal(pc, v); err != nil {
+			return "", err
+		}
+	}
+	return `SELECT idempotency.idem_complete(key => ` + lits[0] + `::text, response_status => ` + strconv.Itoa(status) + `::int,
+                                 response_body => b.j, scope => ` + lits[2] + `::text, claim => ` + lits[3] + `::uuid,
+                                 response_headers => ` + lits[4] + `::jsonb),
+       b.j::text
+  FROM (SELECT ` + lits[1] + `::jsonb AS j) b;
+COMMIT`, nil
 }
 
 // Resumed is the last checkpoint of the claim that this request took over
@@ -563,7 +712,11 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return st.txLocked()
+	tx, err := st.txLocked()
+	if err != nil {
+		return nil, err
+	}
+	return tx, nil
 }
 
 // Key is the request's Idempotency-Key (to pass on to an outside service
@@ -671,9 +824,9 @@ func (st *state) extend() error {
 	return err
 }
 
-func (st *state) txLocked() (pgx.Tx, error) {
+func (st *state) txLocked() (*claimTx, error) {
 	if st.tx == nil {
-		tx, err := st.pool.Begin(st.ctx)
+		tx, err := beginTx(st.ctx, st.pool)
 		if err != nil {
 			return nil, err
 		}
@@ -714,16 +867,7 @@ func get(ctx context.Context) (*state, error) {
 // that /orders/7/pay and /orders/8/pay never share a key), hashed when it
 // would be longer than the 255 bytes a scope may have.
 func (cfg *config) scope(r *http.Request) string {
-	user := cfg.user(r)
-	if user == "" {
-		user = "anonymous"
-	}
-	s := "user:" + user + " " + r.Method + " " + r.URL.Path
-	if len(s) > 255 {
-		sum := sha256.Sum256([]byte(s))
-		s = "sha256:" + hex.EncodeToString(sum[:])
-	}
-	return s
+	return Scope(cfg.user(r), r.Method, r.URL.Path)
 }
 
 // seconds is d as a float for "$n::float8 * interval '1 second'", or NULL

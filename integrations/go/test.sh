@@ -16,10 +16,13 @@
 #     test's runner: the quick start's database, both programs built, one
 #     request and its replay to each), with HOME a fresh folder, one test
 #     a block;
+#   - README.md's go blocks compiled as written (in a function with a
+#     pool and a mux);
 #   - the conformance test of the net/http sample app:
-#     examples/run_tests.sh nethttp (examples/http_test.py, 38 tests).
+#     examples/run_tests.sh nethttp (examples/http_test.py, 38 tests), then
+#     again with its replay cache on (IDEM_REPLAY_CACHE=1), as one test.
 # Prints TAP-style lines and, last, "go integration: N of M tests passed.";
-# exits 1 if any failed.  About 30 s with a warm Go build cache.
+# exits 1 if any failed.  About 50 s with a warm Go build cache.
 set -euo pipefail
 
 # shellcheck source=scripts/common.sh
@@ -98,6 +101,20 @@ rc=0
 gomode go build -o "$work/bin/" "$pkg" "$pkg/gin" "$pkg/sample/nethttp" >"$work/build.out" 2>&1 || rc=$?
 [[ -x $work/bin/nethttp ]] || rc=1
 ok "$rc" "go build from a fresh GOPATH (Debian's sources, nothing downloaded)" "$work/build.out"
+# README.md's go blocks (fragments, not run by the docs test): each one
+# compiled as written, in a function that has a pool and a mux.
+rc=0
+mkdir -p "$gopath/src/readmego"
+awk -v dir="$gopath/src/readmego" '
+	/^```go[[:space:]]*$/ { n++; f = dir "/block" n ".go"; inblock = 1
+		print "package readmego\n\nimport (\n\t\"net/http\"\n\t\"time\"\n\n\tidempotency \"github.com/idempotency-pg/idempotency-go\"\n\t\"github.com/jackc/pgx/v4/pgxpool\"\n)\n\nvar _ = time.Second\n\nfunc block" n "(pool *pgxpool.Pool, mux *http.ServeMux) http.Handler {" > f
+		next }
+	inblock && /^```[[:space:]]*$/ { print "\treturn h\n}" > f; close(f); inblock = 0; next }
+	inblock { print > f }
+' "$here/README.md"
+goblocks=$(compgen -G "$gopath/src/readmego/block*.go" | wc -l)
+{ ((goblocks > 0)) && gomode go vet readmego; } >"$work/readmego.out" 2>&1 || rc=$?
+ok "$rc" "README.md: its $goblocks go block(s) compile as written (go vet)" "$work/readmego.out"
 # go test: the unit tests, those of the core against a database of their
 # own on the test cluster (IDEM_GO_TEST_DSN), one test a Test function.
 psql=("$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -d postgres)
@@ -173,6 +190,13 @@ done <"$work/conformance.out"
 if ((rc != 0 || checks == 0)) || ! grep -Eq '^nethttp example \(HTTP\): [0-9]+ of [0-9]+ tests passed\.$' "$work/conformance.out"; then
 	ok 1 "examples/run_tests.sh nethttp ran to its end and passed (exit $rc)" "$work/conformance.out"
 fi
+
+# The same with the replay cache on (IDEM_REPLAY_CACHE=1: the sample app's
+# -replay-cache): every check holds when replays come from memory.
+rc=0
+IDEM_REPLAY_CACHE=1 bash "$REPO_ROOT/examples/run_tests.sh" nethttp >"$work/conformance-cache.out" 2>&1 || rc=$?
+grep -Eq '^nethttp example \(HTTP\): ([0-9]+) of \1 tests passed\.$' "$work/conformance-cache.out" || rc=1
+ok "$rc" "examples/run_tests.sh nethttp with IDEM_REPLAY_CACHE=1: $(grep -Eo '[0-9]+ of [0-9]+ tests passed' "$work/conformance-cache.out" || echo 'did not finish')" "$work/conformance-cache.out"
 
 echo "# $((SECONDS - t0)) s"
 finish

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -35,7 +36,15 @@ func main() {
 	replay200 := flag.Bool("replay-200", false, "the seed's rule: a replayed 2xx is answered 200")
 	chargeLease := flag.Duration("charge-lease", 30*time.Second, "lease of POST /api/charges' claims")
 	faults := flag.Bool("fault-injection", false, "honour the X-Fault request header (tests only)")
+	replayCache := flag.Bool("replay-cache", os.Getenv("IDEM_REPLAY_CACHE") == "1",
+		"answer retries of completed requests from an in-process cache (default: on when IDEM_REPLAY_CACHE=1)")
+	logDuplicates := flag.String("log-duplicates", envOr("IDEM_LOG_DUPLICATES", "all"),
+		"which duplicate answers write a log line: sampled (one a second), all, off (default: IDEM_LOG_DUPLICATES, else all: the HTTP test reads each line)")
 	flag.Parse()
+	logMode, err := idempotency.ParseLogMode(*logDuplicates)
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	cfg, err := pgxpool.ParseConfig(*dsn)
 	if err != nil {
@@ -68,6 +77,10 @@ func main() {
 	}
 	if *replay200 {
 		opts = append(opts, idempotency.ReplayAsOK())
+	}
+	opts = append(opts, idempotency.LogDuplicates(logMode))
+	if *replayCache {
+		opts = append(opts, idempotency.ReplayCache(idempotency.NewReplayCache(idempotency.CacheOptions{})))
 	}
 	handler := authenticate(idempotency.Middleware(pool, opts...)(mux))
 
@@ -396,4 +409,13 @@ func (a *app) callProvider(ctx context.Context, key string, amount int64, delay 
 	}
 	sum := sha256.Sum256([]byte(key))
 	return "ch_" + hex.EncodeToString(sum[:8]), nil
+}
+
+// envOr is the environment variable name's value, or def when it is unset
+// or empty.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
