@@ -143,7 +143,7 @@ for run in fastapi starlette django starlette:cache django:cache; do
 	result $rc "$( ((cache)) && echo 'replay cache on: ')${line:-$app example (HTTP): did not finish}"
 	if ((cache)); then
 		# the servers' duplicate lines (IDEM_LOG_COPY): some replays came from the cache
-		hits=$(grep -c '^idempotency: replay (from the cache)' "$work/$run.lines")
+		hits=$(grep -c '^idempotency: replay (cached)' "$work/$run.lines")
 		result $((hits > 0 ? 0 : 1)) "$app, replay cache on: $hits replays answered from the cache"
 	fi
 done

@@ -436,7 +436,7 @@ def duplicate(row, key, scope, trace, replay_ok, dup_log=SAMPLED, cached=False):
     request's traceparent and the first request's."""
     outcome = "replay" if cached else row.outcome
     dup_log.write("idempotency: %s, key %r scope %r: traceparent %s, first request's %s",
-                  "replay (from the cache)" if cached else outcome, key, scope, trace or "-",
+                  "replay (cached)" if cached else outcome, key, scope, trace or "-",
                   row.origin_trace or "-")
     dup = {}
     if row.origin_trace is not None:
