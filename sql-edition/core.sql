@@ -405,7 +405,9 @@ BEGIN
              WHERE r.scope OPERATOR(pg_catalog.=) s AND r.key OPERATOR(pg_catalog.=) k
                AND r.expires_at OPERATOR(pg_catalog.>) now_ts
                AND r.expires_at OPERATOR(pg_catalog.<=)
-                   (now_ts OPERATOR(pg_catalog.+) (ttl_us OPERATOR(pg_catalog.*) interval '1 microsecond'))
+                   (now_ts OPERATOR(pg_catalog.+)
+                    (LEAST(ttl_us, 3155760000000000)    -- a hint: 100 years at most, no overflow
+                     OPERATOR(pg_catalog.*) interval '1 microsecond'))
                AND NOT r.is_token;
             IF NOT FOUND THEN
                 locked := pg_catalog.pg_try_advisory_xact_lock(lock);
