@@ -286,6 +286,7 @@ CREATE FUNCTION idempotency.idem_acquire(
 RETURNS SETOF idempotency.acquire_result
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE ROWS 1
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -309,13 +310,28 @@ DECLARE
     newclaim    uuid;
     new_until   timestamptz;
     n           int;
+    raw         text;
+    lock        bigint;
+    looked      boolean := false;
 BEGIN
-    PERFORM idempotency_sql.check_ident(idem_acquire.key, 'key', true);
-    PERFORM idempotency_sql.check_ident(idem_acquire.scope, 'scope', false);
-    max_ttl := idempotency_sql.setting('idempotency.max_ttl', 604800, 's')
+    -- The argument checks and the settings, in the order of the helpers
+    -- (check_ident, setting, ...), which are called only where they have
+    -- something to say: an argument to refuse, a setting that is set.  The
+    -- common call (a valid key, settings unset) costs no helper call.
+    IF k IS NULL OR k OPERATOR(pg_catalog.=) '' OR pg_catalog.octet_length(k) OPERATOR(pg_catalog.>) 255 THEN
+        PERFORM idempotency_sql.check_ident(idem_acquire.key, 'key', true);
+    END IF;
+    IF s IS NULL OR pg_catalog.octet_length(s) OPERATOR(pg_catalog.>) 255 THEN
+        PERFORM idempotency_sql.check_ident(idem_acquire.scope, 'scope', false);
+    END IF;
+    raw := pg_catalog.current_setting('idempotency.max_ttl', true);
+    max_ttl := CASE WHEN raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN 604800
+                    ELSE idempotency_sql.setting('idempotency.max_ttl', 604800, 's') END
                OPERATOR(pg_catalog.*) 1000000;
     IF idem_acquire.ttl IS NULL THEN
-        ttl_us := idempotency_sql.setting('idempotency.default_ttl', 86400, 's')
+        raw := pg_catalog.current_setting('idempotency.default_ttl', true);
+        ttl_us := CASE WHEN raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN 86400
+                       ELSE idempotency_sql.setting('idempotency.default_ttl', 86400, 's') END
                   OPERATOR(pg_catalog.*) 1000000;
         IF ttl_us OPERATOR(pg_catalog.>) max_ttl THEN
             RAISE EXCEPTION 'idempotency.default_ttl is larger than idempotency.max_ttl'
@@ -333,8 +349,10 @@ BEGIN
         END IF;
     END IF;
     IF idem_acquire.lease IS NULL THEN
-        lease_us := LEAST(idempotency_sql.setting('idempotency.default_lease', 60, 's')
-                                     OPERATOR(pg_catalog.*) 1000000, ttl_us);
+        raw := pg_catalog.current_setting('idempotency.default_lease', true);
+        lease_us := LEAST(CASE WHEN raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN 60
+                               ELSE idempotency_sql.setting('idempotency.default_lease', 60, 's') END
+                          OPERATOR(pg_catalog.*) 1000000, ttl_us);
     ELSE
         lease_us := idempotency_sql.usecs(idem_acquire.lease);
         IF lease_us IS NULL OR lease_us OPERATOR(pg_catalog.<=) 0
@@ -344,7 +362,9 @@ BEGIN
         END IF;
     END IF;
     hash := pg_catalog.sha256(pg_catalog.convert_to(idem_acquire.request::pg_catalog.text, 'UTF8'));
-    PERFORM idempotency_sql.check_optional(idem_acquire.trace, 'trace', false);
+    IF pg_catalog.octet_length(idem_acquire.trace) OPERATOR(pg_catalog.>) 255 THEN
+        PERFORM idempotency_sql.check_optional(idem_acquire.trace, 'trace', false);
+    END IF;
 
     IF bound THEN
         -- taken before the key lock, so that nothing waits on us for it
@@ -352,24 +372,68 @@ BEGIN
     END IF;
     rr := pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=)
           ANY (ARRAY['repeatable read', 'serializable']);
+    raw := pg_catalog.current_setting('idempotency.wait_timeout', true);
     deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+)
-                pg_catalog.make_interval(secs => idempotency_sql.wait_timeout_ms() OPERATOR(pg_catalog./) 1000.0);
+                pg_catalog.make_interval(secs => CASE WHEN raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN 3000
+                                                      ELSE idempotency_sql.wait_timeout_ms() END
+                                                 OPERATOR(pg_catalog./) 1000.0);
+    -- idempotency_sql.key_lock(s, k, false), inline
+    lock := pg_catalog.hashtextextended('k' OPERATOR(pg_catalog.||) s OPERATOR(pg_catalog.||) pg_catalog.chr(1)
+                                        OPERATOR(pg_catalog.||) k, 26948);
 
     LOOP
         now_ts := pg_catalog.clock_timestamp();
-        -- the live record (at most one), as this statement's snapshot sees it
-        SELECT r.xmin AS row_xmin, r.status, r.request_hash, r.response_status,
-               r.response_body, r.attempt, r.locked_until, r.expires_at, r.claim,
-               r.owner_pid, r.owner_start, r.phase, r.state, r.response_headers, r.trace
-          INTO rec
-          FROM idempotency.records r
-         WHERE r.scope OPERATOR(pg_catalog.=) s AND r.key OPERATOR(pg_catalog.=) k
-           AND r.expires_at OPERATOR(pg_catalog.>) now_ts AND NOT r.is_token;
+        -- The live record (at most one), as this statement's snapshot sees
+        -- it.  The first look reads only the partitions that can hold a
+        -- record claimed with this call's ttl since (expires_at up to
+        -- now_ts + ttl: a retry's record, in one or two partitions; the plan
+        -- is generic, so the others are pruned at executor start, neither
+        -- opened nor their index descended).  Where it finds none (a new
+        -- key, as a rule) the key lock is taken if it is free, and every live
+        -- partition read under it, so that a new key reads them once; if
+        -- another transaction holds it, they are read without it, as before.
+        -- So a replay of a record claimed with a longer ttl than this call's
+        -- may hold the key lock to the end of its transaction, as one found
+        -- after a wait does; the common replay takes no lock.
+        IF NOT looked THEN
+            looked := true;
+            SELECT r.xmin AS row_xmin, r.status, r.request_hash, r.response_status,
+                   r.response_body, r.attempt, r.locked_until, r.expires_at, r.claim,
+                   r.owner_pid, r.owner_start, r.phase, r.state, r.response_headers, r.trace
+              INTO rec
+              FROM idempotency.records r
+             WHERE r.scope OPERATOR(pg_catalog.=) s AND r.key OPERATOR(pg_catalog.=) k
+               AND r.expires_at OPERATOR(pg_catalog.>) now_ts
+               AND r.expires_at OPERATOR(pg_catalog.<=)
+                   (now_ts OPERATOR(pg_catalog.+)
+                    (LEAST(ttl_us, 3155760000000000)    -- a hint: 100 years at most, no overflow
+                     OPERATOR(pg_catalog.*) interval '1 microsecond'))
+               AND NOT r.is_token;
+            IF NOT FOUND THEN
+                locked := pg_catalog.pg_try_advisory_xact_lock(lock);
+                now_ts := pg_catalog.clock_timestamp();
+                SELECT r.xmin AS row_xmin, r.status, r.request_hash, r.response_status,
+                       r.response_body, r.attempt, r.locked_until, r.expires_at, r.claim,
+                       r.owner_pid, r.owner_start, r.phase, r.state, r.response_headers, r.trace
+                  INTO rec
+                  FROM idempotency.records r
+                 WHERE r.scope OPERATOR(pg_catalog.=) s AND r.key OPERATOR(pg_catalog.=) k
+                   AND r.expires_at OPERATOR(pg_catalog.>) now_ts AND NOT r.is_token;
+            END IF;
+        ELSE
+            SELECT r.xmin AS row_xmin, r.status, r.request_hash, r.response_status,
+                   r.response_body, r.attempt, r.locked_until, r.expires_at, r.claim,
+                   r.owner_pid, r.owner_start, r.phase, r.state, r.response_headers, r.trace
+              INTO rec
+              FROM idempotency.records r
+             WHERE r.scope OPERATOR(pg_catalog.=) s AND r.key OPERATOR(pg_catalog.=) k
+               AND r.expires_at OPERATOR(pg_catalog.>) now_ts AND NOT r.is_token;
+        END IF;
         IF NOT FOUND THEN
             IF NOT locked THEN
                 -- wait for a claim in a transaction still open: its
                 -- transaction holds the key lock
-                IF NOT idempotency_sql.wait_key_lock(idempotency_sql.key_lock(s, k, false), deadline) THEN
+                IF NOT idempotency_sql.wait_key_lock(lock, deadline) THEN
                     xact_open := true;
                     res.outcome := 'in_progress';
                     EXIT;
@@ -383,16 +447,16 @@ BEGIN
             IF rr THEN
                 PERFORM idempotency_sql.rr_check(s, k, NULL, 'latch');
             ELSE
-                PERFORM idempotency_sql.latch(idempotency_sql.key_lock(s, k, false));
+                PERFORM idempotency_sql.latch(lock);
             END IF;
             newclaim := pg_catalog.gen_random_uuid();
-            res.expires_at := idempotency_sql.plus_us(now_ts, ttl_us);
+            res.expires_at := (now_ts OPERATOR(pg_catalog.+) (ttl_us OPERATOR(pg_catalog.*) interval '1 microsecond'));
             INSERT INTO idempotency.records AS r
                    (scope, key, status, request_hash, attempt, created_at, locked_until,
                     expires_at, claim, owner_pid, owner_start, is_token, trace)
             VALUES (s, k, 'processing', hash, 1, now_ts,
                     CASE WHEN bound THEN res.expires_at
-                         ELSE idempotency_sql.plus_us(now_ts, lease_us) END,
+                         ELSE (now_ts OPERATOR(pg_catalog.+) (lease_us OPERATOR(pg_catalog.*) interval '1 microsecond')) END,
                     res.expires_at, newclaim,
                     CASE WHEN bound THEN pg_catalog.pg_backend_pid() END,
                     CASE WHEN bound THEN my_start END,
@@ -400,6 +464,10 @@ BEGIN
             res.outcome := 'acquired';
             res.attempt := 1;
             res.claim := newclaim;
+            PERFORM pg_catalog.set_config('idempotency_sql.claimed',
+                (EXTRACT(epoch FROM res.expires_at) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8::pg_catalog.text
+                OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) s OPERATOR(pg_catalog.||) pg_catalog.chr(1)
+                OPERATOR(pg_catalog.||) k, true);
             RETURN NEXT res;
             RETURN;
         END IF;
@@ -440,7 +508,7 @@ BEGIN
             END IF;
             newclaim := pg_catalog.gen_random_uuid();
             new_until := CASE WHEN bound THEN rec.expires_at
-                              ELSE LEAST(idempotency_sql.plus_us(now_ts, lease_us),
+                              ELSE LEAST((now_ts OPERATOR(pg_catalog.+) (lease_us OPERATOR(pg_catalog.*) interval '1 microsecond')),
                                                     rec.expires_at) END;
             -- the version read, if it is still the current one (a
             -- concurrent takeover or completion makes this update nothing)
@@ -467,6 +535,10 @@ BEGIN
                 res.expires_at := rec.expires_at;
                 res.claim := newclaim;
                 res.phase := rec.phase;
+                PERFORM pg_catalog.set_config('idempotency_sql.claimed',
+                    (EXTRACT(epoch FROM rec.expires_at) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8::pg_catalog.text
+                OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) s OPERATOR(pg_catalog.||) pg_catalog.chr(1)
+                OPERATOR(pg_catalog.||) k, true);
                 res.state := rec.state;
                 RETURN NEXT res;
                 RETURN;
@@ -703,16 +775,27 @@ CREATE FUNCTION idempotency.idem_complete(
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
+    k           text COLLATE "C" := idem_complete.key;
+    s           text COLLATE "C" := idem_complete.scope;
     max_bytes   bigint;
     size        bigint := 0;
     headers     jsonb;
     rec         idempotency.records;
+    raw         text;
+    sp          int;
 BEGIN
-    PERFORM idempotency_sql.check_ident(idem_complete.key, 'key', true);
-    PERFORM idempotency_sql.check_ident(idem_complete.scope, 'scope', false);
+    -- the helpers are called only where they have something to say, as in
+    -- idem_acquire
+    IF k IS NULL OR k OPERATOR(pg_catalog.=) '' OR pg_catalog.octet_length(k) OPERATOR(pg_catalog.>) 255 THEN
+        PERFORM idempotency_sql.check_ident(idem_complete.key, 'key', true);
+    END IF;
+    IF s IS NULL OR pg_catalog.octet_length(s) OPERATOR(pg_catalog.>) 255 THEN
+        PERFORM idempotency_sql.check_ident(idem_complete.scope, 'scope', false);
+    END IF;
     IF idem_complete.response_status IS NULL THEN
         RAISE EXCEPTION 'response_status must not be null'
             USING ERRCODE = 'null_value_not_allowed';
@@ -722,7 +805,9 @@ BEGIN
         RAISE EXCEPTION 'response_status % is not an HTTP status code', idem_complete.response_status
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Use a status from 100 to 599.';
     END IF;
-    max_bytes := idempotency_sql.setting('idempotency.max_response_bytes', 1048576, 'B');
+    raw := pg_catalog.current_setting('idempotency.max_response_bytes', true);
+    max_bytes := CASE WHEN raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN 1048576
+                      ELSE idempotency_sql.setting('idempotency.max_response_bytes', 1048576, 'B') END;
     IF idem_complete.response_body IS NOT NULL THEN
         size := pg_catalog.pg_column_size(idem_complete.response_body);
         IF size OPERATOR(pg_catalog.>) max_bytes THEN
@@ -731,7 +816,9 @@ BEGIN
                       DETAIL = pg_catalog.format('It takes %s bytes; idempotency.max_response_bytes is %s.', size, max_bytes);
         END IF;
     END IF;
-    PERFORM idempotency_sql.check_attempt(idem_complete.attempt);
+    IF idem_complete.attempt OPERATOR(pg_catalog.<) 1 THEN
+        PERFORM idempotency_sql.check_attempt(idem_complete.attempt);
+    END IF;
     IF idem_complete.response_headers IS NOT NULL THEN
         headers := idempotency_sql.check_headers(idem_complete.response_headers);
         size := size OPERATOR(pg_catalog.+) pg_catalog.pg_column_size(headers);
@@ -742,11 +829,52 @@ BEGIN
         END IF;
     END IF;
 
+    -- The claim this transaction made last (idem_acquire's hint, see
+    -- there): its record is completed in its one partition, in one
+    -- statement, if it is still live and processing and its attempt and
+    -- claim are those given (the row lock taken by the UPDATE, and under
+    -- READ COMMITTED the conditions checked again on the newest version, as
+    -- lock_claimed's FOR UPDATE would).  The hint only says where to look:
+    -- the row is the live record of (scope, key) whatever wrote the hint.
+    -- Otherwise (no hint, a record no longer processing, a claim or attempt
+    -- to refuse) the general way below, which also gives the errors.
+    raw := pg_catalog.current_setting('idempotency_sql.claimed', true);
+    IF raw IS NOT NULL THEN
+        sp := pg_catalog.strpos(raw, ' ');
+        IF sp OPERATOR(pg_catalog.>) 1
+           AND pg_catalog.substr(raw, sp OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog.=)
+               (s OPERATOR(pg_catalog.||) pg_catalog.chr(1) OPERATOR(pg_catalog.||) k)
+           AND pg_catalog.left(raw, sp OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.~) '^[0-9]{1,18}$' THEN
+            UPDATE idempotency.records x
+               SET status = 'completed',
+                   response_status = idem_complete.response_status,
+                   response_body = idem_complete.response_body,
+                   response_headers = headers,
+                   completed_at = pg_catalog.clock_timestamp(),
+                   locked_until = NULL
+             WHERE x.scope OPERATOR(pg_catalog.=) s AND x.key OPERATOR(pg_catalog.=) k
+               AND x.expires_at OPERATOR(pg_catalog.=)
+                   ('1970-01-01 00:00:00+00'::pg_catalog.timestamptz OPERATOR(pg_catalog.+)
+                    (pg_catalog.left(raw, sp OPERATOR(pg_catalog.-) 1)::pg_catalog.int8
+                     OPERATOR(pg_catalog.*) interval '1 microsecond'))
+               AND x.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() AND NOT x.is_token
+               AND x.status OPERATOR(pg_catalog.=) 'processing'
+               AND (idem_complete.attempt IS NULL OR x.attempt OPERATOR(pg_catalog.=) idem_complete.attempt)
+               AND (idem_complete.claim IS NULL OR x.claim OPERATOR(pg_catalog.=) idem_complete.claim);
+            GET DIAGNOSTICS sp = ROW_COUNT;
+            IF sp OPERATOR(pg_catalog.=) 1 THEN
+                RETURN true;
+            END IF;
+        END IF;
+    END IF;
     SELECT * INTO rec FROM idempotency_sql.lock_claimed(idem_complete.scope, idem_complete.key);
     IF rec.key IS NULL THEN
         PERFORM idempotency_sql.no_record(idem_complete.scope, idem_complete.key);
     END IF;
-    PERFORM idempotency_sql.check_claim(idem_complete.key, rec, idem_complete.attempt, idem_complete.claim);
+    IF (idem_complete.attempt IS NOT NULL AND idem_complete.attempt OPERATOR(pg_catalog.<>) rec.attempt)
+       OR (idem_complete.claim IS NOT NULL AND idem_complete.claim IS DISTINCT FROM rec.claim) THEN
+        PERFORM idempotency_sql.check_claim(idem_complete.key, rec, idem_complete.attempt, idem_complete.claim);
+    END IF;
     IF rec.status OPERATOR(pg_catalog.=) 'completed' THEN
         RETURN false;
     END IF;
