@@ -45,7 +45,13 @@
 --      and READ COMMITTED re-checks the condition on the newest version
 --      (a takeover that lost the race updates nothing and reads again),
 --      REPEATABLE READ raises 40001.
--- A replay reads one row with a plain SELECT: no lock, no write.
+-- A replay reads one row with a plain SELECT: no write, and no lock when
+-- the record lies where a call with its ttl looks first (a retry with the
+-- ttl of its first call).  A record claimed with a longer ttl than the
+-- retry's is found by the read of every live partition, which takes the
+-- key lock first if it is free and holds it to the end of the transaction
+-- (as the C extension does without its filters): an idem_forget or a new
+-- claim of that key from another session waits for that transaction.
 --
 
 CREATE TABLE idempotency_sql.key_latches (
