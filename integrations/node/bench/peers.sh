@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # integrations/node/bench/peers.sh -- the seed's payment endpoint on Express
-# four ways, in one run (issue 38): pg-idempotency (from its packed .tgz, as
-# build.sh makes it), express-idempotency with its Redis adapter,
-# @node-idempotency/core with its Redis storage adapter, and no idempotency.
+# five ways, in one run (issues 38, 39): pg-idempotency (from its packed .tgz,
+# as build.sh makes it), the same with its replay cache on (replayCache:
+# true), express-idempotency with its Redis adapter, @node-idempotency/core
+# with its Redis storage adapter, and no idempotency.
 #
 #   bash integrations/node/bench/peers.sh [--seconds S] [--rounds R] [--conns C]
 #
@@ -12,9 +13,10 @@
 # installed (scripts/common.sh, as bench/batch.sh; fsync and
 # synchronous_commit off).  Starts its own redis-server (Debian's,
 # installed when missing) on a free port, --save '' --appendonly no, and
-# stops it and the four apps on exit.  Per round (R, default 3) and app, in
+# stops it and the five apps on exit.  Per round (R, default 3) and app, in
 # an order rotated each round: S seconds (default 5) of new keys, then S
-# seconds of replays of the keys that round completed, C keep-alive
+# seconds of replays of the keys that round completed (each app its own:
+# with the cache, answers this process completed itself), C keep-alive
 # connections (default 10), load.js as the client.  Then, three times per
 # app, ten concurrent identical POSTs with one key, and the payment rows
 # that key made, counted in PostgreSQL.
@@ -120,8 +122,8 @@ pids+=($!)
 wait_for redis redis-cli -h 127.0.0.1 -p "$rport" ping
 redisver=$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')
 
-# ---- the four apps
-modes=(pg ei ni none)
+# ---- the five apps
+modes=(pg pgc ei ni none)
 declare -A port
 dsn="host=$PGHOST port=$PGPORT user=$PGUSER dbname=$PGDATABASE"
 for m in "${modes[@]}"; do
@@ -177,19 +179,24 @@ log "load average after: $load_after"
 	node - "$raw" <<'JS'
 const fs = require("fs");
 const rows = fs.readFileSync(process.argv[2], "utf8").split("\n").filter(Boolean).map(JSON.parse);
-const names = { pg: "pg-idempotency", ei: "express-idempotency + Redis adapter", ni: "@node-idempotency/core + Redis adapter", none: "no idempotency" };
+const names = { pg: "pg-idempotency", pgc: "pg-idempotency, replayCache", ei: "express-idempotency + Redis adapter", ni: "@node-idempotency/core + Redis adapter", none: "no idempotency" };
 const med = (a) => { const s = [...a].sort((x, y) => x - y); const n = s.length; return n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2; };
 const fmt = (a, d) => `${med(a).toFixed(d)} (${Math.min(...a).toFixed(d)}–${Math.max(...a).toFixed(d)})`;
 const none = rows.filter((r) => r.app === "none" && r.mode === "new").map((r) => r.rps);
-console.log("| app | new keys: req/s | new: p99 ms | replays: req/s | replays: p99 ms | new req/s / none's | 10 concurrent duplicates: payment rows (3 tries) | their answers |");
-console.log("|---|---:|---:|---:|---:|---:|---|---|");
-for (const app of ["pg", "ei", "ni", "none"]) {
+// the Redis-first peer of issue 39's goal: @node-idempotency/core with its Redis adapter
+const niNew = rows.filter((r) => r.app === "ni" && r.mode === "new").map((r) => r.rps);
+const niReplay = rows.filter((r) => r.app === "ni" && r.mode === "replay").map((r) => r.rps);
+console.log("| app | new keys: req/s | new: p99 ms | replays: req/s | replays: p99 ms | new req/s / none's | new / @node-idempotency's | replays / @node-idempotency's | 10 concurrent duplicates: payment rows (3 tries) | their answers |");
+console.log("|---|---:|---:|---:|---:|---:|---:|---:|---|---|");
+for (const app of ["pg", "pgc", "ei", "ni", "none"]) {
   const n = rows.filter((r) => r.app === app && r.mode === "new");
   const p = rows.filter((r) => r.app === app && r.mode === "replay");
   const d = rows.filter((r) => r.app === app && r.mode === "dup");
   const ratio = n.map((r, i) => r.rps / none[i]);
+  const vsNew = n.map((r, i) => r.rps / niNew[i]);
+  const vsReplay = p.map((r, i) => r.rps / niReplay[i]);
   const answers = d.map((r) => Object.entries(r.statuses).map(([s, c]) => `${c}×${s}`).join(" ")).join("; ");
-  console.log(`| ${names[app]} | ${fmt(n.map((r) => r.rps), 0)} | ${fmt(n.map((r) => r.p99_ms), 1)} | ${fmt(p.map((r) => r.rps), 0)} | ${fmt(p.map((r) => r.p99_ms), 1)} | ${fmt(ratio, 2)} | ${d.map((r) => r.payments).join(", ")} | ${answers} |`);
+  console.log(`| ${names[app]} | ${fmt(n.map((r) => r.rps), 0)} | ${fmt(n.map((r) => r.p99_ms), 1)} | ${fmt(p.map((r) => r.rps), 0)} | ${fmt(p.map((r) => r.p99_ms), 1)} | ${fmt(ratio, 2)} | ${fmt(vsNew, 2)} | ${fmt(vsReplay, 2)} | ${d.map((r) => r.payments).join(", ")} | ${answers} |`);
 }
 // every answer under load is a 201 (a new payment or a replay of one); say so if not
 for (const r of rows.filter((r) => r.mode !== "dup"))

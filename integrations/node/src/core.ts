@@ -65,7 +65,11 @@ export type LogDuplicates = "sampled" | "all" | "off";
 export interface ReplayCacheOptions {
   /** At most this many answers; the least recently used goes first (default 10,000). */
   maxEntries?: number;
-  /** An answer whose body and headers take more bytes is not cached (default 65,536). */
+  /**
+   * An answer whose body and headers, with the request kept to compare,
+   * take more bytes is not cached (default 65,536): the cache holds at most
+   * about maxEntries x maxEntryBytes.
+   */
   maxEntryBytes?: number;
   /** An entry is served at most this long after it was put in, in ms (default 60,000). */
   maxAgeMs?: number;
@@ -156,11 +160,13 @@ export class ReplayCache {
    * expiresInMs (never later than the record's expiry, whatever the
    * clocks' offset), and at most maxAgeMs from now. Not put in: a larger
    * answer than maxEntryBytes, one already expired, one read before a
-   * forget. Returns whether it was put in.
+   * forget. Returns whether it was put in. (The request is counted with
+   * the body and headers: it is kept too.)
    */
   put(scope: string, key: string, request: string, e: ReplayEntry, expiresInMs: number | null, sentAt: number, generation: number): boolean {
     if (generation !== this.gen || expiresInMs == null || !Number.isFinite(expiresInMs) || this.maxEntries < 1) return false;
-    const bytes = (e.body == null ? 0 : Buffer.byteLength(e.body)) + (e.headers ? Buffer.byteLength(JSON.stringify(e.headers)) : 0);
+    const bytes = (e.body == null ? 0 : Buffer.byteLength(e.body)) + (e.headers ? Buffer.byteLength(JSON.stringify(e.headers)) : 0) +
+      Buffer.byteLength(request);
     if (bytes > this.maxEntryBytes) return false;
     const now = performance.now();
     const deadline = Math.min(sentAt + expiresInMs, now + this.maxAgeMs);
