@@ -119,22 +119,42 @@ extver=$(psql -XAtc "SELECT extversion FROM pg_extension WHERE extname = 'idempo
 rport=$(free_port)
 redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no --daemonize no --logfile "$work/redis.log" &
 pids+=($!)
+redis_pid=$!
 wait_for redis redis-cli -h 127.0.0.1 -p "$rport" ping
 redisver=$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')
 
 # ---- the five apps
 modes=(pg pgc ei ni none)
-declare -A port
+declare -A port app_pid
 dsn="host=$PGHOST port=$PGPORT user=$PGUSER dbname=$PGDATABASE"
 for m in "${modes[@]}"; do
 	port[$m]=$(free_port)
 	node "$work/app/app.js" --mode "$m" --listen "127.0.0.1:${port[$m]}" --dsn "$dsn" \
 		--redis "redis://127.0.0.1:$rport" 2>"$work/app-$m.log" &
 	pids+=($!)
+	app_pid[$m]=$!
 done
 for m in "${modes[@]}"; do
 	wait_for "app $m (see $work/app-$m.log)" curl -sf "http://127.0.0.1:${port[$m]}/health"
 done
+
+# ---- CPU time, which a shared machine's load moves far less than req/s:
+# the app's, redis-server's and the cluster's (the postmaster and its
+# children: the backends, which only the app under load uses), in ms
+postmaster=$(psql -XAtc "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'")
+postmaster=$(awk '/^PPid:/ {print $2}' "/proc/$postmaster/status")
+hz=$(getconf CLK_TCK)
+cpu_ms() { # cpu_ms PID...: utime + stime (+ waited-for children's) of PIDs, in ms
+	local p t=0
+	for p in "$@"; do
+		[[ -r /proc/$p/stat ]] || continue
+		t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13 + $14 + $15}')))
+	done
+	echo $((t * 1000 / hz))
+}
+pg_cpu_ms() { cpu_ms "$postmaster" $(pgrep -P "$postmaster"); }
+# the replays PostgreSQL answered (idempotency.stats; 0 without the library preloaded)
+db_replays() { psql -XAtc "SELECT coalesce((SELECT replayed FROM idempotency.stats WHERE datname = current_database()), 0)" 2>/dev/null || echo 0; }
 
 # ---- load: a warm-up of each app (not counted: JIT, pools' connections),
 # then the rounds, the order rotated each round
@@ -148,8 +168,12 @@ for ((r = 1; r <= rounds; r++)); do
 		m=${modes[$(((i + r - 1) % ${#modes[@]}))]}
 		url=http://127.0.0.1:${port[$m]}
 		for phase in new replay; do
+			d0=$(db_replays)
+			c_app=$(cpu_ms "${app_pid[$m]}") c_redis=$(cpu_ms "$redis_pid") c_pg=$(pg_cpu_ms)
 			out=$(node "$work/app/load.js" "$phase" "$url" "$m-r$r" "$seconds" "$conns" "$work/keys-$m-$r")
-			echo "{\"app\":\"$m\",\"round\":$r,${out#\{}" >>"$raw"
+			c_app=$(($(cpu_ms "${app_pid[$m]}") - c_app)) c_redis=$(($(cpu_ms "$redis_pid") - c_redis)) c_pg=$(($(pg_cpu_ms) - c_pg))
+			d1=$(db_replays)
+			echo "{\"app\":\"$m\",\"round\":$r,\"db_replays\":$((d1 - d0)),\"cpu_ms\":{\"app\":$c_app,\"redis\":$c_redis,\"pg\":$c_pg},${out#\{}" >>"$raw"
 			log "round $r $m $phase: $out"
 		done
 	done
@@ -188,6 +212,7 @@ const niNew = rows.filter((r) => r.app === "ni" && r.mode === "new").map((r) => 
 const niReplay = rows.filter((r) => r.app === "ni" && r.mode === "replay").map((r) => r.rps);
 console.log("| app | new keys: req/s | new: p99 ms | replays: req/s | replays: p99 ms | new req/s / none's | new / @node-idempotency's | replays / @node-idempotency's | 10 concurrent duplicates: payment rows (3 tries) | their answers |");
 console.log("|---|---:|---:|---:|---:|---:|---:|---:|---|---|");
+const table2 = [];
 for (const app of ["pg", "pgc", "ei", "ni", "none"]) {
   const n = rows.filter((r) => r.app === app && r.mode === "new");
   const p = rows.filter((r) => r.app === app && r.mode === "replay");
@@ -196,8 +221,18 @@ for (const app of ["pg", "pgc", "ei", "ni", "none"]) {
   const vsNew = n.map((r, i) => r.rps / niNew[i]);
   const vsReplay = p.map((r, i) => r.rps / niReplay[i]);
   const answers = d.map((r) => Object.entries(r.statuses).map(([s, c]) => `${c}×${s}`).join(" ")).join("; ");
+  // CPU per request: the app's + redis-server's + PostgreSQL's, in µs
+  const us = (r) => ((r.cpu_ms.app + r.cpu_ms.redis + r.cpu_ms.pg) * 1000) / r.requests;
+  const part = (rs, k) => fmt(rs.map((r) => (r.cpu_ms[k] * 1000) / r.requests), 0);
+  table2.push(`| ${names[app]} | ${fmt(n.map(us), 0)} | ${part(n, "app")} / ${part(n, "redis")} / ${part(n, "pg")} | ${fmt(p.map(us), 0)} | ${part(p, "app")} / ${part(p, "redis")} / ${part(p, "pg")} | ${app.startsWith("pg") ? p.map((r) => r.db_replays).reduce((a, b) => a + b, 0) + " of " + p.map((r) => r.requests).reduce((a, b) => a + b, 0) : "-"} |`);
   console.log(`| ${names[app]} | ${fmt(n.map((r) => r.rps), 0)} | ${fmt(n.map((r) => r.p99_ms), 1)} | ${fmt(p.map((r) => r.rps), 0)} | ${fmt(p.map((r) => r.p99_ms), 1)} | ${fmt(ratio, 2)} | ${fmt(vsNew, 2)} | ${fmt(vsReplay, 2)} | ${d.map((r) => r.payments).join(", ")} | ${answers} |`);
 }
+console.log("");
+console.log("CPU time per request, µs (app + redis-server + PostgreSQL; the load generator not counted):");
+console.log("");
+console.log("| app | new keys: CPU µs/request | app / Redis / PostgreSQL | replays: CPU µs/request | app / Redis / PostgreSQL | replays answered by PostgreSQL (idempotency.stats) |");
+console.log("|---|---:|---|---:|---|---:|");
+for (const line of table2) console.log(line);
 // every answer under load is a 201 (a new payment or a replay of one); say so if not
 for (const r of rows.filter((r) => r.mode !== "dup"))
   for (const [s, c] of Object.entries(r.statuses)) if (s !== "201") console.log(`note: ${names[r.app]}, round ${r.round}, ${r.mode}: ${c} answers ${s}`);
