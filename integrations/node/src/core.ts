@@ -230,11 +230,16 @@ const sampling = new WeakMap<(line: string) => void, { last: number; at: Date; s
  * the same log function, with "(and N more duplicate answers not logged
  * since HH:MM:SS UTC)" when some were left out in between.
  */
-export function duplicateLogger(mode: LogDuplicates = "sampled", log: (line: string) => void = consoleLog): (line: string) => void {
+export function duplicateLogger(
+  mode: LogDuplicates = "sampled",
+  log: (line: string) => void = consoleLog,
+): (line: string | (() => string)) => void {
+  const text = (line: string | (() => string)) => (typeof line === "function" ? line() : line);
   if (mode === "off") return () => undefined;
-  if (mode === "all") return log;
+  if (mode === "all") return (line) => log(text(line));
   if (mode !== "sampled") throw new RangeError(`logDuplicates must be "sampled", "all" or "off", not ${JSON.stringify(mode)}`);
-  return (line: string) => {
+  // the line is made only when it is written
+  return (line) => {
     const now = performance.now();
     const st = sampling.get(log);
     if (st && now - st.last < 1000) {
@@ -245,7 +250,7 @@ export function duplicateLogger(mode: LogDuplicates = "sampled", log: (line: str
       ? ` (and ${st.skipped} more duplicate answers not logged since ${st.at.toISOString().slice(11, 19)} UTC)`
       : "";
     sampling.set(log, { last: now, at: new Date(), skipped: 0 });
-    log(line + more);
+    log(text(line) + more);
   };
 }
 
@@ -636,7 +641,7 @@ export class HttpIdempotency {
   readonly problemTypeBase: string;
   /** The replay cache (the replayCache option), or null (off). */
   readonly replayCache: ReplayCache | null;
-  private readonly log: (line: string) => void;
+  private readonly log: (line: string | (() => string)) => void;
 
   constructor(readonly pool: Pool, readonly opts: HttpOptions = {}) {
     this.skip = new Set(["/health", "/metrics", ...(opts.skipPaths ?? [])]);
@@ -772,7 +777,7 @@ export class HttpIdempotency {
   }
 
   private logDuplicate(outcome: string, key: string, scope: string, trace: string | null, origin: string | null): void {
-    this.log(`idempotency: ${outcome}, key ${JSON.stringify(key)} scope ${JSON.stringify(scope)}: ` +
+    this.log(() => `idempotency: ${outcome}, key ${JSON.stringify(key)} scope ${JSON.stringify(scope)}: ` +
       `traceparent ${trace ?? "-"}, first request's ${origin ?? "-"}`);
   }
 
