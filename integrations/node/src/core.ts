@@ -65,11 +65,7 @@ export type LogDuplicates = "sampled" | "all" | "off";
 export interface ReplayCacheOptions {
   /** At most this many answers; the least recently used goes first (default 10,000). */
   maxEntries?: number;
-  /**
-   * An answer whose body and headers, with the request kept to compare,
-   * take more bytes is not cached (default 65,536): the cache holds at most
-   * about maxEntries x maxEntryBytes.
-   */
+  /** An answer whose body and headers take more bytes is not cached (default 65,536). */
   maxEntryBytes?: number;
   /** An entry is served at most this long after it was put in, in ms (default 60,000). */
   maxAgeMs?: number;
@@ -160,13 +156,11 @@ export class ReplayCache {
    * expiresInMs (never later than the record's expiry, whatever the
    * clocks' offset), and at most maxAgeMs from now. Not put in: a larger
    * answer than maxEntryBytes, one already expired, one read before a
-   * forget. Returns whether it was put in. (The request is counted with
-   * the body and headers: it is kept too.)
+   * forget. Returns whether it was put in.
    */
   put(scope: string, key: string, request: string, e: ReplayEntry, expiresInMs: number | null, sentAt: number, generation: number): boolean {
     if (generation !== this.gen || expiresInMs == null || !Number.isFinite(expiresInMs) || this.maxEntries < 1) return false;
-    const bytes = (e.body == null ? 0 : Buffer.byteLength(e.body)) + (e.headers ? Buffer.byteLength(JSON.stringify(e.headers)) : 0) +
-      Buffer.byteLength(request);
+    const bytes = (e.body == null ? 0 : Buffer.byteLength(e.body)) + (e.headers ? Buffer.byteLength(JSON.stringify(e.headers)) : 0);
     if (bytes > this.maxEntryBytes) return false;
     const now = performance.now();
     const deadline = Math.min(sentAt + expiresInMs, now + this.maxAgeMs);
@@ -222,13 +216,19 @@ export async function forget(pool: Pool, scope: string, key: string, cache?: Rep
 
 /** The default log function: one for the process, so that "sampled" counts every adapter's lines together. */
 const consoleLog = (line: string): void => console.error(line);
-const sampling = new WeakMap<(line: string) => void, { last: number; at: Date; skipped: number }>();
+const sampling = new WeakMap<(line: string) => void, { last: number; since: Date | null; skipped: number }>();
+
+/** HH:MM:SS of d, local time. */
+function clock(d: Date): string {
+  return [d.getHours(), d.getMinutes(), d.getSeconds()].map((n) => String(n).padStart(2, "0")).join(":");
+}
 
 /**
  * The duplicate lines' writer: log as the logDuplicates option says.
  * "sampled": a line when a second has passed since the last one written to
  * the same log function, with "(and N more duplicate answers not logged
- * since HH:MM:SS UTC)" when some were left out in between.
+ * since HH:MM:SS)" (local time of the first one left out) when some were
+ * left out in between.
  */
 export function duplicateLogger(
   mode: LogDuplicates = "sampled",
@@ -243,13 +243,13 @@ export function duplicateLogger(
     const now = performance.now();
     const st = sampling.get(log);
     if (st && now - st.last < 1000) {
-      st.skipped++;
+      if (st.skipped++ === 0) st.since = new Date();
       return;
     }
-    const more = st && st.skipped > 0
-      ? ` (and ${st.skipped} more duplicate answers not logged since ${st.at.toISOString().slice(11, 19)} UTC)`
+    const more = st && st.skipped > 0 && st.since
+      ? ` (and ${st.skipped} more duplicate answers not logged since ${clock(st.since)})`
       : "";
-    sampling.set(log, { last: now, at: new Date(), skipped: 0 });
+    sampling.set(log, { last: now, since: null, skipped: 0 });
     log(text(line) + more);
   };
 }
