@@ -25,7 +25,7 @@
 # Prints TAP-style lines, then "node integration: N of M tests passed."
 # (each app's checks counted one by one); exits 1 if any failed.  Installs
 # nodejs and npm (Debian's) when absent.  About 2 to 4 minutes, most of it
-# npm's downloads; the sample apps' runs with the cache on add 40 to 50 s.
+# npm's downloads; the sample apps' runs with the cache on add 30 to 50 s.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
