@@ -8,20 +8,24 @@
 #      frameworks of conformance/package-lock.json; checks what the .tgz
 #      ships and what the installed package depends on, and type-checks
 #      a TypeScript consumer (conformance/types.ts) against it;
-#   2. README.md's quick start, every block as written, in order, from a
-#      copy of this folder laid out as in the repository (```sh blocks run,
-#      ```js FILE blocks written to FILE, ```sql blocks run by psql in a
-#      fresh database), then checks what it answered and wrote;
+#   2. README.md, every block as written, in order (the quick start, the
+#      job, the replay cache's app), from a copy of this folder laid out as
+#      in the repository (```sh blocks run, ```js FILE blocks written to
+#      FILE, ```sql blocks run by psql in a fresh database), then checks
+#      what it answered and wrote;
 #   3. conformance/wrapper.js: idempotent() driven directly (redelivery,
 #      mismatch, a throw, release, ten concurrent deliveries, lease mode
-#      resumed at a checkpoint, abort);
+#      resumed at a checkpoint, abort); conformance/cache.js: the replay
+#      cache (no database call, same bytes, mismatch, expiry by the
+#      database's clock, LRU, maxEntryBytes, forget) and logDuplicates;
 #   4. examples/run_tests.sh for the sample apps express, fastify and
 #      nestjs, over the app of step 1 (examples/http_test.py, 38 checks
-#      each).
+#      each), then again with the replay cache on (IDEM_REPLAY_CACHE=1;
+#      IDEM_NODE_CACHED_APPS="" skips those, "express+cache" runs one).
 # Prints TAP-style lines, then "node integration: N of M tests passed."
 # (each app's checks counted one by one); exits 1 if any failed.  Installs
-# nodejs and npm (Debian's) when absent.  About 3 to 4 minutes, most of it
-# npm's downloads.
+# nodejs and npm (Debian's) when absent.  About 2 to 4 minutes, most of it
+# npm's downloads; the sample apps' runs with the cache on add 30 to 50 s.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -96,15 +100,15 @@ ok $? "database $db for the quick start" "$tmp/qs-db.log"
 mkdir -p "$tmp/repo/integrations/node"
 (cd "$here" && tar --exclude=./node_modules --exclude=./dist --exclude='./*.tgz' -cf - .) |
 	(cd "$tmp/repo/integrations/node" && tar -xf -)
-port=$(free_port)
+port=$(free_port) cache_port=$(free_port)
 python3 - "$here/README.md" "$tmp/quickstart.sh" <<'EOF'
 import re, sys
 text = open(sys.argv[1]).read()
 out = ["set -euo pipefail",
        "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT",
-       "wait_http() {  # a server started in the background answers",
+       "wait_http() {  # a server started in the background answers on port $1",
        "  for _ in $(seq 1 300); do",
-       "    curl -s -o /dev/null \"localhost:$PORT/\" && return 0",
+       "    curl -s -o /dev/null \"localhost:$1/\" && return 0",
        "    [[ -n $(jobs -rp) ]] || { echo 'the server died' >&2; return 1; }",
        "    sleep 0.1",
        "  done; return 1; }"]
@@ -115,7 +119,9 @@ for info, body in blocks:
     if lang == "sh":
         out.append(body)
         if body.rstrip().endswith("&"):
-            out.append("wait_http")
+            # the port the block names: ${CACHE_PORT:-3001}, else $PORT
+            m = re.search(r"\$\{(\w*PORT)\b", body)
+            out.append("wait_http \"$%s\"" % (m.group(1) if m else "PORT"))
     elif lang == "js" and len(words) == 2:
         out.append("cat > %s <<'README_EOF'\n%sREADME_EOF" % (words[1], body))
     elif lang == "sql":
@@ -124,43 +130,57 @@ for info, body in blocks:
         sys.exit("README.md: a ```%s block that the test cannot run" % info)
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 EOF
-(cd "$tmp/repo" && PSQL=$PG_BINDIR/psql PGDATABASE=$db PORT=$port timeout 600 bash "$tmp/quickstart.sh") >"$tmp/qs.out" 2>&1
-ok $? "README.md's quick start runs as written (install, SQL, Express app, curl, job)" "$tmp/qs.out"
-[[ $(grep -c '^HTTP/1.1 201' "$tmp/qs.out") == 2 && $(grep -ci '^Idempotent-Replayed: true' "$tmp/qs.out") == 1 ]] &&
-	[[ $(grep '^{"id":' "$tmp/qs.out" | sort -u | wc -l) == 2 ]]
-ok $? "quick start: the Express retry is a replay of the same 201; the job prints one id twice per message" "$tmp/qs.out"
+(cd "$tmp/repo" && PSQL=$PG_BINDIR/psql PGDATABASE=$db PORT=$port CACHE_PORT=$cache_port timeout 600 bash "$tmp/quickstart.sh") >"$tmp/qs.out" 2>&1
+ok $? "README.md runs as written (install, SQL, Express app, curl, job, the replay cache's app)" "$tmp/qs.out"
+# the output in order: the quick start's two answers, the job's two lines,
+# the cache's three answers, {"forgotten":true}, the answer after it
+mapfile -t ids < <(grep -E '^\{"(id|forgotten)":' "$tmp/qs.out")
+mapfile -t replayed < <(grep -iE '^(HTTP/1.1 |Idempotent-Replayed: true)' "$tmp/qs.out" | tr -d '\r')
+expect="HTTP/1.1 201 Created|HTTP/1.1 201 Created|Idempotent-Replayed: true|HTTP/1.1 201 Created|HTTP/1.1 201 Created|Idempotent-Replayed: true|HTTP/1.1 201 Created|Idempotent-Replayed: true|HTTP/1.1 201 Created"
+got=$(IFS='|'; echo "${replayed[*]}")
+[[ $got == "$expect" && ${#ids[@]} == 9 && ${ids[0]} == "${ids[1]}" && ${ids[2]} == "${ids[3]}" && ${ids[0]} != "${ids[2]}" ]]
+ok $? "quick start: the Express retry is the same 201, replayed; the job prints one id twice" "$tmp/qs.out"
+[[ ${ids[4]:-} == "${ids[5]:-}" && ${ids[5]:-} == "${ids[6]:-}" && ${ids[7]:-} == '{"forgotten":true}' && ${ids[8]:-x} != "${ids[4]:-}" ]]
+ok $? "replay cache: two replays of the same 201 body, forget answers true, the next request a new order (${ids[*]:4})"
 counts=$("${psql[@]}" -d "$db" -At -c "SELECT string_agg(item || '=' || n, ' ' ORDER BY item) FROM (SELECT item, count(*) n FROM orders GROUP BY item) s" 2>&1)
-[[ $counts == "book=1 pen=1" ]]
-ok $? "quick start: one order row per key ($counts)"
-bodies=$(grep '^{"id":' "$tmp/qs.out" | head -n 2 | sort -u | wc -l)
-[[ $bodies == 1 ]]
-ok $? "quick start: the two curl answers are the same body bytes"
+[[ $counts == "book=1 lamp=2 pen=1" ]]
+ok $? "one order row per key, and a second after the forget ($counts)"
 "${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
 
-# ---- 3. the plain wrapper, idempotent(), driven directly (conformance/wrapper.js)
-log "idempotent(), the wrapper for jobs"
-db=idem_node_wrapper
-out=$tmp/wrapper.out
-if "${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >"$out" 2>&1 &&
-	"${psql[@]}" -d "$db" -c "CREATE EXTENSION idempotency" >>"$out" 2>&1; then
-	(cd "$app" && PGDATABASE=$db timeout 300 node wrapper.js) >>"$out" 2>&1
-fi
-line=$(grep -E "^wrapper: [0-9]+ of [0-9]+ tests passed\.$" "$out" | tail -n 1)
-if [[ -n $line ]]; then
-	read -r got total < <(sed -E 's/.*: ([0-9]+) of ([0-9]+) tests passed\./\1 \2/' <<<"$line")
-else
-	got=0 total=1
-	tail -n 20 "$out" | sed 's/^/#   /'
-fi
-sed -nE 's/^(not )?ok [0-9]+ - (.*)/\1ok - wrapper: \2/p; /^#   /p' "$out"
-n=$((n + total)) passed=$((passed + got))
-"${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
+# ---- 3. idempotent() driven directly (conformance/wrapper.js), and the
+# replay cache and the duplicate lines' sampling (conformance/cache.js)
+for which in wrapper cache; do
+	log "conformance/$which.js"
+	t1=$SECONDS
+	db=idem_node_$which
+	out=$tmp/$which.out
+	if "${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >"$out" 2>&1 &&
+		"${psql[@]}" -d "$db" -c "CREATE EXTENSION idempotency" >>"$out" 2>&1; then
+		(cd "$app" && PGDATABASE=$db timeout 300 node "$which.js") >>"$out" 2>&1
+	fi
+	line=$(grep -E "^$which: [0-9]+ of [0-9]+ tests passed\.$" "$out" | tail -n 1)
+	if [[ -n $line ]]; then
+		read -r got total < <(sed -E 's/.*: ([0-9]+) of ([0-9]+) tests passed\./\1 \2/' <<<"$line")
+	else
+		got=0 total=1
+		tail -n 20 "$out" | sed 's/^/#   /'
+	fi
+	sed -nE "s/^(not )?ok [0-9]+ - (.*)/\1ok - $which: \2/p; /^#   /p" "$out"
+	echo "# ${line:-$which.js: no result} ($((SECONDS - t1)) s)"
+	n=$((n + total)) passed=$((passed + got))
+	"${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
+done
 
 # ---- 4. the sample apps, driven by examples/http_test.py
-for which in express fastify nestjs; do
-	log "examples/run_tests.sh $which"
-	out=$tmp/run-$which.out
-	PG_IDEMPOTENCY_APP=$app bash "$REPO_ROOT/examples/run_tests.sh" "$which" >"$out" 2>&1
+IDEM_NODE_CACHED_APPS=${IDEM_NODE_CACHED_APPS-express+cache fastify+cache nestjs+cache}
+# (then again with the replay cache on, IDEM_REPLAY_CACHE=1)
+for run in express fastify nestjs $IDEM_NODE_CACHED_APPS; do
+	which=${run%+cache} cache=
+	[[ $run == *+cache ]] && cache=1
+	log "examples/run_tests.sh $which${cache:+ (IDEM_REPLAY_CACHE=1)}"
+	out=$tmp/run-$run.out
+	t1=$SECONDS
+	IDEM_REPLAY_CACHE=$cache PG_IDEMPOTENCY_APP=$app bash "$REPO_ROOT/examples/run_tests.sh" "$which" >"$out" 2>&1
 	rc=$?
 	line=$(grep -E "^$which example \(HTTP\): [0-9]+ of [0-9]+ tests passed\.$" "$out" | tail -n 1)
 	if [[ -n $line ]]; then
@@ -168,12 +188,12 @@ for which in express fastify nestjs; do
 	else
 		got=0 total=1
 	fi
-	sed -nE "s/^(not )?ok [0-9]+ - (.*)/\1ok - $which: \2/p" "$out"
+	sed -nE "s/^(not )?ok [0-9]+ - (.*)/\1ok - $run: \2/p" "$out"
 	if ((rc != 0)); then
 		grep -E '^#' "$out" | tail -n 60
 		((total > got)) || total=$((got + 1))
 	fi
-	echo "# $line"
+	echo "# $line${cache:+ (replay cache on)} ($((SECONDS - t1)) s)"
 	n=$((n + total)) passed=$((passed + got))
 done
 

@@ -1,10 +1,12 @@
 // The seed's payment endpoint (POST /api/payments with an Idempotency-Key)
-// on Express, one of four ways, for peers.sh:
+// on Express, one of five ways, for peers.sh:
 //
-//   node app.js --mode pg|ei|ni|none --listen 127.0.0.1:PORT --dsn 'host=... port=... dbname=...' [--redis URL]
+//   node app.js --mode pg|pgc|ei|ni|none --listen 127.0.0.1:PORT --dsn 'host=... port=... dbname=...' [--redis URL]
 //
 //   pg    pg-idempotency (installed from its .tgz): the payment's rows, the
 //         claim and the stored answer in one transaction (conformance/shop.js)
+//   pgc   the same with its replay cache on (replayCache: true, the defaults):
+//         a completed answer is replayed from the process
 //   ei    express-idempotency with express-idempotency-redis-adapter (its
 //         Redis store), the handler as its README shows (isHit)
 //   ni    @node-idempotency/core with @node-idempotency/storage-adapter-redis;
@@ -80,9 +82,9 @@ async function createPaymentPlain(key, user, p) {
 const h = (fn) => (req, res, next) => fn(req, res).then((a) => a && answer(res, a), next);
 
 async function main() {
-  if (mode === "pg") {
+  if (mode === "pg" || mode === "pgc") {
     const { idempotency } = require("pg-idempotency");
-    const idem = idempotency(pool);
+    const idem = idempotency(pool, mode === "pgc" ? { replayCache: true } : {});
     app.post("/api/payments", idem, h((req) => shop.createPayment(req.idempotency, req.user, req.body)));
   } else if (mode === "ei") {
     const ei = require("express-idempotency");
@@ -131,7 +133,7 @@ async function main() {
     app.use(express.json());
     app.post("/api/payments", h((req) => createPaymentPlain(req.get("Idempotency-Key"), req.user, req.body)));
   } else {
-    throw new Error("--mode pg|ei|ni|none");
+    throw new Error("--mode pg|pgc|ei|ni|none");
   }
   app.use((req, res) => answer(res, shop.problem(404, "not-found", "no such route")));
   app.use((err, req, res, next) => {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # integrations/node/bench/peers.sh -- the seed's payment endpoint on Express
-# four ways, in one run (issue 38): pg-idempotency (from its packed .tgz, as
-# build.sh makes it), express-idempotency with its Redis adapter,
-# @node-idempotency/core with its Redis storage adapter, and no idempotency.
+# five ways, in one run (issues 38, 39): pg-idempotency (from its packed .tgz,
+# as build.sh makes it), the same with its replay cache on (replayCache:
+# true), express-idempotency with its Redis adapter, @node-idempotency/core
+# with its Redis storage adapter, and no idempotency.
 #
 #   bash integrations/node/bench/peers.sh [--seconds S] [--rounds R] [--conns C]
 #
@@ -12,9 +13,10 @@
 # installed (scripts/common.sh, as bench/batch.sh; fsync and
 # synchronous_commit off).  Starts its own redis-server (Debian's,
 # installed when missing) on a free port, --save '' --appendonly no, and
-# stops it and the four apps on exit.  Per round (R, default 3) and app, in
+# stops it and the five apps on exit.  Per round (R, default 3) and app, in
 # an order rotated each round: S seconds (default 5) of new keys, then S
-# seconds of replays of the keys that round completed, C keep-alive
+# seconds of replays of the keys that round completed (each app its own:
+# with the cache, answers this process completed itself), C keep-alive
 # connections (default 10), load.js as the client.  Then, three times per
 # app, ten concurrent identical POSTs with one key, and the payment rows
 # that key made, counted in PostgreSQL.
@@ -117,22 +119,42 @@ extver=$(psql -XAtc "SELECT extversion FROM pg_extension WHERE extname = 'idempo
 rport=$(free_port)
 redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no --daemonize no --logfile "$work/redis.log" &
 pids+=($!)
+redis_pid=$!
 wait_for redis redis-cli -h 127.0.0.1 -p "$rport" ping
 redisver=$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')
 
-# ---- the four apps
-modes=(pg ei ni none)
-declare -A port
+# ---- the five apps
+modes=(pg pgc ei ni none)
+declare -A port app_pid
 dsn="host=$PGHOST port=$PGPORT user=$PGUSER dbname=$PGDATABASE"
 for m in "${modes[@]}"; do
 	port[$m]=$(free_port)
 	node "$work/app/app.js" --mode "$m" --listen "127.0.0.1:${port[$m]}" --dsn "$dsn" \
 		--redis "redis://127.0.0.1:$rport" 2>"$work/app-$m.log" &
 	pids+=($!)
+	app_pid[$m]=$!
 done
 for m in "${modes[@]}"; do
 	wait_for "app $m (see $work/app-$m.log)" curl -sf "http://127.0.0.1:${port[$m]}/health"
 done
+
+# ---- CPU time, which a shared machine's load moves far less than req/s:
+# the app's, redis-server's and the cluster's (the postmaster and its
+# children: the backends, which only the app under load uses), in ms
+postmaster=$(psql -XAtc "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'")
+postmaster=$(awk '/^PPid:/ {print $2}' "/proc/$postmaster/status")
+hz=$(getconf CLK_TCK)
+cpu_ms() { # cpu_ms PID...: utime + stime (+ waited-for children's) of PIDs, in ms
+	local p t=0
+	for p in "$@"; do
+		[[ -r /proc/$p/stat ]] || continue
+		t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13 + $14 + $15}')))
+	done
+	echo $((t * 1000 / hz))
+}
+pg_cpu_ms() { cpu_ms "$postmaster" $(pgrep -P "$postmaster"); }
+# the replays PostgreSQL answered (idempotency.stats; 0 without the library preloaded)
+db_replays() { psql -XAtc "SELECT coalesce((SELECT replayed FROM idempotency.stats WHERE datname = current_database()), 0)" 2>/dev/null || echo 0; }
 
 # ---- load: a warm-up of each app (not counted: JIT, pools' connections),
 # then the rounds, the order rotated each round
@@ -146,8 +168,12 @@ for ((r = 1; r <= rounds; r++)); do
 		m=${modes[$(((i + r - 1) % ${#modes[@]}))]}
 		url=http://127.0.0.1:${port[$m]}
 		for phase in new replay; do
+			d0=$(db_replays)
+			c_app=$(cpu_ms "${app_pid[$m]}") c_redis=$(cpu_ms "$redis_pid") c_pg=$(pg_cpu_ms)
 			out=$(node "$work/app/load.js" "$phase" "$url" "$m-r$r" "$seconds" "$conns" "$work/keys-$m-$r")
-			echo "{\"app\":\"$m\",\"round\":$r,${out#\{}" >>"$raw"
+			c_app=$(($(cpu_ms "${app_pid[$m]}") - c_app)) c_redis=$(($(cpu_ms "$redis_pid") - c_redis)) c_pg=$(($(pg_cpu_ms) - c_pg))
+			d1=$(db_replays)
+			echo "{\"app\":\"$m\",\"round\":$r,\"db_replays\":$((d1 - d0)),\"cpu_ms\":{\"app\":$c_app,\"redis\":$c_redis,\"pg\":$c_pg},${out#\{}" >>"$raw"
 			log "round $r $m $phase: $out"
 		done
 	done
@@ -177,20 +203,36 @@ log "load average after: $load_after"
 	node - "$raw" <<'JS'
 const fs = require("fs");
 const rows = fs.readFileSync(process.argv[2], "utf8").split("\n").filter(Boolean).map(JSON.parse);
-const names = { pg: "pg-idempotency", ei: "express-idempotency + Redis adapter", ni: "@node-idempotency/core + Redis adapter", none: "no idempotency" };
+const names = { pg: "pg-idempotency", pgc: "pg-idempotency, replayCache", ei: "express-idempotency + Redis adapter", ni: "@node-idempotency/core + Redis adapter", none: "no idempotency" };
 const med = (a) => { const s = [...a].sort((x, y) => x - y); const n = s.length; return n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2; };
 const fmt = (a, d) => `${med(a).toFixed(d)} (${Math.min(...a).toFixed(d)}–${Math.max(...a).toFixed(d)})`;
 const none = rows.filter((r) => r.app === "none" && r.mode === "new").map((r) => r.rps);
-console.log("| app | new keys: req/s | new: p99 ms | replays: req/s | replays: p99 ms | new req/s / none's | 10 concurrent duplicates: payment rows (3 tries) | their answers |");
-console.log("|---|---:|---:|---:|---:|---:|---|---|");
-for (const app of ["pg", "ei", "ni", "none"]) {
+// the Redis-first peer of issue 39's goal: @node-idempotency/core with its Redis adapter
+const niNew = rows.filter((r) => r.app === "ni" && r.mode === "new").map((r) => r.rps);
+const niReplay = rows.filter((r) => r.app === "ni" && r.mode === "replay").map((r) => r.rps);
+console.log("| app | new keys: req/s | new: p99 ms | replays: req/s | replays: p99 ms | new req/s / none's | new / @node-idempotency's | replays / @node-idempotency's | 10 concurrent duplicates: payment rows (3 tries) | their answers |");
+console.log("|---|---:|---:|---:|---:|---:|---:|---:|---|---|");
+const table2 = [];
+for (const app of ["pg", "pgc", "ei", "ni", "none"]) {
   const n = rows.filter((r) => r.app === app && r.mode === "new");
   const p = rows.filter((r) => r.app === app && r.mode === "replay");
   const d = rows.filter((r) => r.app === app && r.mode === "dup");
   const ratio = n.map((r, i) => r.rps / none[i]);
+  const vsNew = n.map((r, i) => r.rps / niNew[i]);
+  const vsReplay = p.map((r, i) => r.rps / niReplay[i]);
   const answers = d.map((r) => Object.entries(r.statuses).map(([s, c]) => `${c}×${s}`).join(" ")).join("; ");
-  console.log(`| ${names[app]} | ${fmt(n.map((r) => r.rps), 0)} | ${fmt(n.map((r) => r.p99_ms), 1)} | ${fmt(p.map((r) => r.rps), 0)} | ${fmt(p.map((r) => r.p99_ms), 1)} | ${fmt(ratio, 2)} | ${d.map((r) => r.payments).join(", ")} | ${answers} |`);
+  // CPU per request: the app's + redis-server's + PostgreSQL's, in µs
+  const us = (r) => ((r.cpu_ms.app + r.cpu_ms.redis + r.cpu_ms.pg) * 1000) / r.requests;
+  const part = (rs, k) => fmt(rs.map((r) => (r.cpu_ms[k] * 1000) / r.requests), 0);
+  table2.push(`| ${names[app]} | ${fmt(n.map(us), 0)} | ${part(n, "app")} / ${part(n, "redis")} / ${part(n, "pg")} | ${fmt(p.map(us), 0)} | ${part(p, "app")} / ${part(p, "redis")} / ${part(p, "pg")} | ${app.startsWith("pg") ? p.map((r) => r.db_replays).reduce((a, b) => a + b, 0) + " of " + p.map((r) => r.requests).reduce((a, b) => a + b, 0) : "-"} |`);
+  console.log(`| ${names[app]} | ${fmt(n.map((r) => r.rps), 0)} | ${fmt(n.map((r) => r.p99_ms), 1)} | ${fmt(p.map((r) => r.rps), 0)} | ${fmt(p.map((r) => r.p99_ms), 1)} | ${fmt(ratio, 2)} | ${fmt(vsNew, 2)} | ${fmt(vsReplay, 2)} | ${d.map((r) => r.payments).join(", ")} | ${answers} |`);
 }
+console.log("");
+console.log("CPU time per request, µs (app + redis-server + PostgreSQL; the load generator not counted):");
+console.log("");
+console.log("| app | new keys: CPU µs/request | app / Redis / PostgreSQL | replays: CPU µs/request | app / Redis / PostgreSQL | replays answered by PostgreSQL (idempotency.stats) |");
+console.log("|---|---:|---|---:|---|---:|");
+for (const line of table2) console.log(line);
 // every answer under load is a 201 (a new payment or a replay of one); say so if not
 for (const r of rows.filter((r) => r.mode !== "dup"))
   for (const [s, c] of Object.entries(r.statuses)) if (s !== "201") console.log(`note: ${names[r.app]}, round ${r.round}, ${r.mode}: ${c} answers ${s}`);

@@ -27,6 +27,9 @@ app.use((req, res, next) => {
 const idem = idempotency(pool, {
   replayOk: f.replay200,
   leases: { "POST /api/charges": f.chargeLease },
+  // every duplicate logged: the checks link each to its first request in the log
+  logDuplicates: "all",
+  replayCache: shop.replayCache(),
 });
 
 function answer(res, a) {

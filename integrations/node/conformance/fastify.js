@@ -28,6 +28,9 @@ async function main() {
     pool,
     replayOk: f.replay200,
     leases: { "POST /api/charges": f.chargeLease },
+    // every duplicate logged: the checks link each to its first request in the log
+    logDuplicates: "all",
+    replayCache: shop.replayCache(),
   });
 
   function answer(reply, a) {

@@ -86,6 +86,9 @@ async function main() {
   app.useGlobalInterceptors(new IdempotencyInterceptor(pool, {
     replayOk: f.replay200,
     leases: { "POST /api/charges": f.chargeLease },
+    // every duplicate logged: the checks link each to its first request in the log
+    logDuplicates: "all",
+    replayCache: shop.replayCache(),
   }));
   await app.listen(f.port, f.host);
   console.error(`listening on ${f.listen}`);

@@ -26,6 +26,11 @@ function flags(argv) {
   return f;
 }
 
+// IDEM_REPLAY_CACHE=1 in the environment: the replay cache on, with its defaults
+function replayCache() {
+  return process.env.IDEM_REPLAY_CACHE === "1";
+}
+
 function pool(f) {
   // a libpq-style "host=... port=... dbname=..." string
   const cfg = { max: f.maxConns };
@@ -139,4 +144,4 @@ function userOf(headers) {
   return typeof u === "string" && /^[0-9]+$/.test(u) ? u : undefined;
 }
 
-module.exports = { flags, pool, problem, WorkerDied, createPayment, getPayment, createOrder, createCharge, userOf };
+module.exports = { flags, pool, replayCache, problem, WorkerDied, createPayment, getPayment, createOrder, createCharge, userOf };

@@ -5,6 +5,7 @@ import { Pool, PoolClient } from "pg";
 import express from "express";
 import {
   idempotent, idempotency, idempotencyPlugin, Claim, InProgressError, MismatchError, ClaimLostError, HttpIdempotency,
+  ReplayCache, ReplayCacheOptions, LogDuplicates, IdempotencyMiddleware, IdempotencyHandle, httpScope, forget,
 } from "pg-idempotency";
 import { IdempotencyInterceptor } from "pg-idempotency/nestjs";
 
@@ -17,6 +18,22 @@ app.post("/orders", async (req, res) => {
   await db.query("SELECT 1");
   res.status(201).json({ ok: true });
 });
+
+const cacheOpts: ReplayCacheOptions = { maxEntries: 10000, maxEntryBytes: 65536, maxAgeMs: 60000 };
+const logging: LogDuplicates = "sampled";
+const cached: IdempotencyMiddleware = idempotency(pool, { replayCache: cacheOpts, logDuplicates: logging });
+const shared = new ReplayCache();
+app.use(idempotency(pool, { replayCache: true, logDuplicates: "off" }), idempotency(pool, { replayCache: shared }));
+async function forgetting(): Promise<boolean> {
+  const size: number | undefined = cached.replayCache?.size;
+  void size;
+  const a: boolean = await cached.forget(httpScope("7", "POST", "/orders"), "k");
+  const b: boolean = await forget(pool, "q", "k", shared);
+  const r: { id: number } = await idempotent(pool, { key: "k", replayCache: shared }, async () => ({ id: 1 }));
+  const h: IdempotencyHandle | null = null;
+  void h;
+  return a && b && r.id === 1 && (await interceptor.forget("s", "k"));
+}
 
 async function job(): Promise<number> {
   try {
@@ -39,4 +56,4 @@ async function job(): Promise<number> {
 
 const interceptor = new IdempotencyInterceptor(pool, { leases: { "POST /charges": 30 } });
 const core = new HttpIdempotency(pool, {});
-export { job, interceptor, core, idempotencyPlugin };
+export { job, interceptor, core, idempotencyPlugin, forgetting };

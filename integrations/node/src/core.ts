@@ -5,6 +5,7 @@
 // send what the core says; the plain wrapper (wrapper.ts) uses the claim.
 
 import { createHash } from "crypto";
+import { performance } from "perf_hooks";
 import type { Pool, PoolClient } from "pg";
 
 /** The request header that carries the client's key. */
@@ -42,6 +43,215 @@ export interface HttpOptions {
   problemTypeBase?: string;
   /** Where the duplicate lines go (default: console.error). */
   log?: (line: string) => void;
+  /**
+   * The duplicate lines (replay, in_progress, mismatch): "sampled" (the
+   * default) writes at most one a second per process and log function, the
+   * next one saying how many were left out; "all" one per duplicate; "off" none.
+   */
+  logDuplicates?: LogDuplicates;
+  /**
+   * An in-process cache of completed answers (off by default): `true` for
+   * the defaults, options, or a ReplayCache to share between adapters. A
+   * cached answer is sent without asking the database, to a request with
+   * the same scope, key and request bytes, never past the key's expires_at.
+   */
+  replayCache?: boolean | ReplayCacheOptions | ReplayCache;
+}
+
+/** How duplicate answers are logged: at most one line a second (the default), every one, or none. */
+export type LogDuplicates = "sampled" | "all" | "off";
+
+/** Options of a ReplayCache. */
+export interface ReplayCacheOptions {
+  /** At most this many answers; the least recently used goes first (default 10,000). */
+  maxEntries?: number;
+  /** An answer whose body and headers take more bytes is not cached (default 65,536). */
+  maxEntryBytes?: number;
+  /** An entry is served at most this long after it was put in, in ms (default 60,000). */
+  maxAgeMs?: number;
+}
+
+/** A completed answer as stored: what a replay sends. */
+export interface ReplayEntry {
+  status: number;
+  /** jsonb's text, or null (no body). */
+  body: string | null;
+  /** The replayed headers, names in lower case (as idem_acquire returns them). */
+  headers: Record<string, string> | null;
+  /** The trace of the claim that made the record. */
+  originTrace: string | null;
+}
+
+interface CacheSlot extends ReplayEntry {
+  /** The request jsonb's text, exactly as sent to idem_acquire. */
+  request: string;
+  /** performance.now() after which it is not served. */
+  deadline: number;
+}
+
+/**
+ * The replay cache: completed answers by (scope, key), served only to a
+ * byte-identical request and never past the record's expires_at as the
+ * database's clock puts it. Bounded: least recently used first out.
+ * One per process (or per adapter); nothing is shared between processes.
+ */
+export class ReplayCache {
+  readonly maxEntries: number;
+  readonly maxEntryBytes: number;
+  readonly maxAgeMs: number;
+  private readonly slots = new Map<string, CacheSlot>();
+  private gen = 0;
+
+  constructor(opts: ReplayCacheOptions = {}) {
+    this.maxEntries = opts.maxEntries ?? 10_000;
+    this.maxEntryBytes = opts.maxEntryBytes ?? 65_536;
+    this.maxAgeMs = opts.maxAgeMs ?? 60_000;
+    for (const [k, v] of Object.entries({ maxEntries: this.maxEntries, maxEntryBytes: this.maxEntryBytes, maxAgeMs: this.maxAgeMs })) {
+      if (!(typeof v === "number" && v >= 0 && Number.isFinite(v))) throw new RangeError(`replayCache.${k} must be a number >= 0`);
+    }
+  }
+
+  /** The number of entries (expired ones included until they are looked up or pushed out). */
+  get size(): number {
+    return this.slots.size;
+  }
+
+  /**
+   * A counter that forget() moves: an answer read from the database before
+   * a forget is not put in after it (put() compares).
+   */
+  get generation(): number {
+    return this.gen;
+  }
+
+  private static id(scope: string, key: string): string {
+    return `${scope}\u0000${key}`;
+  }
+
+  /**
+   * The cached answer of (scope, key) if its request is byte-identical to
+   * `request` and its deadline has not passed; undefined otherwise (then
+   * ask the database: it answers replay or mismatch).
+   */
+  get(scope: string, key: string, request: string): ReplayEntry | undefined {
+    const id = ReplayCache.id(scope, key);
+    const s = this.slots.get(id);
+    if (!s) return undefined;
+    if (performance.now() >= s.deadline) {
+      this.slots.delete(id);
+      return undefined;
+    }
+    if (s.request !== request) return undefined;
+    // most recently used: to the end of the Map's order
+    this.slots.delete(id);
+    this.slots.set(id, s);
+    return { status: s.status, body: s.body, headers: s.headers, originTrace: s.originTrace };
+  }
+
+  /**
+   * Put a completed answer in. expiresInMs: the record's expires_at minus
+   * the database's clock_timestamp(), read in the statement that returned
+   * it; sentAt: performance.now() taken before that statement was sent;
+   * generation: this.generation then. The entry's deadline is sentAt +
+   * expiresInMs (never later than the record's expiry, whatever the
+   * clocks' offset), and at most maxAgeMs from now. Not put in: a larger
+   * answer than maxEntryBytes, one already expired, one read before a
+   * forget. Returns whether it was put in.
+   */
+  put(scope: string, key: string, request: string, e: ReplayEntry, expiresInMs: number | null, sentAt: number, generation: number): boolean {
+    if (generation !== this.gen || expiresInMs == null || !Number.isFinite(expiresInMs) || this.maxEntries < 1) return false;
+    const bytes = (e.body == null ? 0 : Buffer.byteLength(e.body)) + (e.headers ? Buffer.byteLength(JSON.stringify(e.headers)) : 0);
+    if (bytes > this.maxEntryBytes) return false;
+    const now = performance.now();
+    const deadline = Math.min(sentAt + expiresInMs, now + this.maxAgeMs);
+    if (deadline <= now) return false;
+    const id = ReplayCache.id(scope, key);
+    this.slots.delete(id);
+    this.slots.set(id, {
+      status: e.status, body: e.body, headers: e.headers ? { ...e.headers } : null, originTrace: e.originTrace, request, deadline,
+    });
+    while (this.slots.size > this.maxEntries) {
+      const oldest = this.slots.keys().next().value as string;
+      this.slots.delete(oldest);
+    }
+    return true;
+  }
+
+  /** Drop (scope, key), and refuse answers read from the database before now. */
+  delete(scope: string, key: string): void {
+    this.gen++;
+    this.slots.delete(ReplayCache.id(scope, key));
+  }
+
+  /** Drop every entry. */
+  clear(): void {
+    this.gen++;
+    this.slots.clear();
+  }
+}
+
+/** The ReplayCache an option names, or null (off). */
+export function replayCacheOf(opt: boolean | ReplayCacheOptions | ReplayCache | undefined): ReplayCache | null {
+  if (!opt) return null;
+  if (opt instanceof ReplayCache) return opt;
+  return new ReplayCache(opt === true ? {} : opt);
+}
+
+/**
+ * idem_forget(key, scope) on the pool, and the key out of `cache` (if any):
+ * this process's cache only; other processes' caches keep their entry
+ * until its maxAge (or the record's expiry) passes. true when the database
+ * had a live record.
+ */
+export async function forget(pool: Pool, scope: string, key: string, cache?: ReplayCache | null): Promise<boolean> {
+  cache?.delete(scope, key);
+  try {
+    const r = await pool.query("SELECT idempotency.idem_forget(key => $1::text, scope => $2::text) AS forgotten", [key, scope]);
+    return r.rows[0].forgotten === true;
+  } finally {
+    // and refuse what was read from the database while the forget ran
+    cache?.delete(scope, key);
+  }
+}
+
+/** The default log function: one for the process, so that "sampled" counts every adapter's lines together. */
+const consoleLog = (line: string): void => console.error(line);
+const sampling = new WeakMap<(line: string) => void, { last: number; since: Date | null; skipped: number }>();
+
+/** HH:MM:SS of d, local time. */
+function clock(d: Date): string {
+  return [d.getHours(), d.getMinutes(), d.getSeconds()].map((n) => String(n).padStart(2, "0")).join(":");
+}
+
+/**
+ * The duplicate lines' writer: log as the logDuplicates option says.
+ * "sampled": a line when a second has passed since the last one written to
+ * the same log function, with "(and N more duplicate answers not logged
+ * since HH:MM:SS)" (local time of the first one left out) when some were
+ * left out in between.
+ */
+export function duplicateLogger(
+  mode: LogDuplicates = "sampled",
+  log: (line: string) => void = consoleLog,
+): (line: string | (() => string)) => void {
+  const text = (line: string | (() => string)) => (typeof line === "function" ? line() : line);
+  if (mode === "off") return () => undefined;
+  if (mode === "all") return (line) => log(text(line));
+  if (mode !== "sampled") throw new RangeError(`logDuplicates must be "sampled", "all" or "off", not ${JSON.stringify(mode)}`);
+  // the line is made only when it is written
+  return (line) => {
+    const now = performance.now();
+    const st = sampling.get(log);
+    if (st && now - st.last < 1000) {
+      if (st.skipped++ === 0) st.since = new Date();
+      return;
+    }
+    const more = st && st.skipped > 0 && st.since
+      ? ` (and ${st.skipped} more duplicate answers not logged since ${clock(st.since)})`
+      : "";
+    sampling.set(log, { last: now, since: null, skipped: 0 });
+    log(text(line) + more);
+  };
 }
 
 /** The part of an HTTP request the core needs. */
@@ -119,6 +329,8 @@ export interface Acquired {
   state: unknown;
   headers: Record<string, string> | null;
   originTrace: string | null;
+  /** expires_at minus the database's clock_timestamp() after the call, in ms (null: no record). */
+  expiresInMs: number | null;
 }
 
 export interface AcquireArgs {
@@ -131,9 +343,13 @@ export interface AcquireArgs {
   trace?: string | null;
 }
 
+/** The result columns read from idem_acquire, with the time left to its record by the database's clock. */
+const ACQUIRED_COLUMNS = `outcome, response_status, response_body::text AS response_body, retry_after, claim::text AS claim,
+         phase, state, response_headers, origin_trace,
+         (extract(epoch FROM expires_at - pg_catalog.clock_timestamp()) * 1000)::float8 AS expires_in_ms`;
+
 const ACQUIRE = `
-  SELECT outcome, response_status, response_body::text AS response_body, retry_after, claim::text AS claim,
-         phase, state, response_headers, origin_trace
+  SELECT ${ACQUIRED_COLUMNS}
     FROM idempotency.idem_acquire(key => $1::text, request => $2::jsonb, scope => $3::text,
                                   ttl => $4::float8 * interval '1 second',
                                   lease => $5::float8 * interval '1 second',
@@ -170,8 +386,7 @@ export async function beginAndAcquire(client: PoolClient, a: AcquireArgs): Promi
     return v == null ? "NULL::interval" : `${v}::float8 * interval '1 second'`;
   };
   const r = await client.query(`BEGIN;
-  SELECT outcome, response_status, response_body::text AS response_body, retry_after, claim::text AS claim,
-         phase, state, response_headers, origin_trace
+  SELECT ${ACQUIRED_COLUMNS}
     FROM idempotency.idem_acquire(key => ${lit(client, a.key)}::text, request => ${lit(client, a.request)}::jsonb,
                                   scope => ${lit(client, a.scope)}::text, ttl => ${secs(a.ttl)},
                                   lease => ${secs(a.lease)}, trace => ${lit(client, a.trace)}::text)`);
@@ -189,6 +404,7 @@ function acquired(row: any): Acquired {
     state: row.state,
     headers: row.response_headers,
     originTrace: row.origin_trace,
+    expiresInMs: row.expires_in_ms,
   };
 }
 
@@ -206,6 +422,8 @@ export class Claim {
   checkpointed = false;
   /** Set by abort(): roll back, store nothing. */
   aborted = false;
+  /** For the replay cache: what the acquiring request sent, and its record's expiry (set by HttpIdempotency). */
+  cacheNote: { request: string; trace: string | null; expiresInMs: number | null; sentAt: number; generation: number } | null = null;
   private client: PoolClient | null;
   private begun: Promise<PoolClient> | null = null;
   private ended = false;
@@ -421,12 +639,24 @@ export type Begun = { answer: Answer; claim?: undefined } | { claim: Claim; answ
 export class HttpIdempotency {
   readonly skip: Set<string>;
   readonly problemTypeBase: string;
-  private readonly log: (line: string) => void;
+  /** The replay cache (the replayCache option), or null (off). */
+  readonly replayCache: ReplayCache | null;
+  private readonly log: (line: string | (() => string)) => void;
 
   constructor(readonly pool: Pool, readonly opts: HttpOptions = {}) {
     this.skip = new Set(["/health", "/metrics", ...(opts.skipPaths ?? [])]);
     this.problemTypeBase = opts.problemTypeBase ?? "https://example.com/problems/";
-    this.log = opts.log ?? ((line) => console.error(line));
+    this.log = duplicateLogger(opts.logDuplicates ?? "sampled", opts.log ?? consoleLog);
+    this.replayCache = replayCacheOf(opts.replayCache);
+  }
+
+  /**
+   * idem_forget(key, scope) on the pool, and the key out of this process's
+   * replay cache. Other processes' caches keep their entry until its maxAge
+   * (or the record's expiry) passes. true when the database had a record.
+   */
+  forget(scope: string, key: string): Promise<boolean> {
+    return forget(this.pool, scope, key, this.replayCache);
   }
 
   /** Whether a request is left alone (GET, HEAD, OPTIONS, skipped paths). */
@@ -482,6 +712,16 @@ export class HttpIdempotency {
     const trace = req.trace && Buffer.byteLength(req.trace) <= 255 ? req.trace : null;
     const scope = httpScope(req.user, req.method, req.path);
 
+    const cache = this.replayCache;
+    if (cache) {
+      const hit = cache.get(scope, key, request);
+      if (hit) {
+        this.logDuplicate("replay (cached)", key, scope, trace, hit.originTrace);
+        return { answer: this.replayAnswer(hit) };
+      }
+    }
+    const generation = cache ? cache.generation : 0;
+    const sentAt = performance.now();
     let client: PoolClient;
     try {
       client = await this.pool.connect();
@@ -502,9 +742,9 @@ export class HttpIdempotency {
     if (a.outcome === "acquired") {
       if (lease > 0) {
         client.release();
-        return { claim: new Claim(this.pool, key, scope, lease, a, null) };
+        return { claim: this.noted(new Claim(this.pool, key, scope, lease, a, null), request, trace, a, sentAt, generation) };
       }
-      return { claim: new Claim(this.pool, key, scope, 0, a, client) };
+      return { claim: this.noted(new Claim(this.pool, key, scope, 0, a, client), request, trace, a, sentAt, generation) };
     }
     // A duplicate wrote nothing: its answer goes out without waiting for
     // the ROLLBACK, and the client goes back to the pool once that is done.
@@ -514,23 +754,14 @@ export class HttpIdempotency {
     );
 
     // a duplicate: link it to the first request, in the log and for the client
-    this.log(`idempotency: ${a.outcome}, key ${JSON.stringify(key)} scope ${JSON.stringify(scope)}: ` +
-      `traceparent ${trace ?? "-"}, first request's ${a.originTrace ?? "-"}`);
+    this.logDuplicate(a.outcome, key, scope, trace, a.originTrace);
     const dup: Record<string, string | null> = {};
     if (a.originTrace != null) dup[HEADER_ORIGIN_TRACE] = a.originTrace;
 
     if (a.outcome === "replay") {
-      let status = a.status as number;
-      if (this.opts.replayOk && status >= 200 && status < 300) status = 200;
-      const headers: Record<string, string | null> = {};
-      let ct = "";
-      for (const [name, v] of Object.entries(a.headers ?? {})) {
-        // stored in lower case: sent as REPLAYED_HEADERS spell them
-        if (name === "content-type") ct = v;
-        else headers[spelling(name)] = v;
-      }
-      Object.assign(headers, dup, { [HEADER_REPLAYED]: "true" });
-      return { answer: this.respond(status, a.body, ct, headers) };
+      const e: ReplayEntry = { status: a.status as number, body: a.body, headers: a.headers, originTrace: a.originTrace };
+      cache?.put(scope, key, request, e, a.expiresInMs, sentAt, generation);
+      return { answer: this.replayAnswer(e) };
     }
     if (a.outcome === "mismatch") {
       return {
@@ -543,6 +774,32 @@ export class HttpIdempotency {
       answer: this.problem(409, "request-in-progress", "A request with this Idempotency-Key is being processed",
         `Send the same request again after ${wait} second(s).`, { ...dup, "Retry-After": String(wait) }),
     };
+  }
+
+  private logDuplicate(outcome: string, key: string, scope: string, trace: string | null, origin: string | null): void {
+    this.log(() => `idempotency: ${outcome}, key ${JSON.stringify(key)} scope ${JSON.stringify(scope)}: ` +
+      `traceparent ${trace ?? "-"}, first request's ${origin ?? "-"}`);
+  }
+
+  private noted(claim: Claim, request: string, trace: string | null, a: Acquired, sentAt: number, generation: number): Claim {
+    if (this.replayCache) claim.cacheNote = { request, trace, expiresInMs: a.expiresInMs, sentAt, generation };
+    return claim;
+  }
+
+  /** A stored answer as a replay sends it: the database's or the cache's alike. */
+  private replayAnswer(e: ReplayEntry): Answer {
+    let status = e.status;
+    if (this.opts.replayOk && status >= 200 && status < 300) status = 200;
+    const headers: Record<string, string | null> = {};
+    let ct = "";
+    for (const [name, v] of Object.entries(e.headers ?? {})) {
+      // stored in lower case: sent as REPLAYED_HEADERS spell them
+      if (name === "content-type") ct = v;
+      else headers[spelling(name)] = v;
+    }
+    if (e.originTrace != null) headers[HEADER_ORIGIN_TRACE] = e.originTrace;
+    headers[HEADER_REPLAYED] = "true";
+    return this.respond(status, e.body, ct, headers);
   }
 
   /** status and body (jsonb's text, or null), as Content-Type ct (empty: contentType(status)). */
@@ -606,6 +863,15 @@ export class HttpIdempotency {
           { ...dropReplayed(), "Retry-After": "1" });
       }
       return this.dbProblem(e, dropReplayed());
+    }
+    // committed: a replay from now on, so the cache may answer it
+    const note = claim.cacheNote;
+    if (this.replayCache && note) {
+      const stored: Record<string, string> = {};
+      for (const [k, v] of Object.entries(replayed)) stored[k.toLowerCase()] = v;
+      this.replayCache.put(claim.scope, claim.key, note.request,
+        { status: got.status, body: canonical, headers: Object.keys(stored).length ? stored : null, originTrace: note.trace },
+        note.expiresInMs, note.sentAt, note.generation);
     }
     return this.respond(got.status, canonical, ct, {});
   }

@@ -4,7 +4,7 @@
 import { createHash } from "crypto";
 import type { IncomingMessage, ServerResponse } from "http";
 import type { Pool } from "pg";
-import { Answer, Claim, HEADER_KEY, HEADER_TRACE, HttpIdempotency, HttpOptions } from "./core";
+import { Answer, Claim, HEADER_KEY, HEADER_TRACE, HttpIdempotency, HttpOptions, ReplayCache } from "./core";
 
 export interface ExpressOptions extends HttpOptions {
   /** The authenticated user, for the scope (default: req.user?.id ?? req.user). */
@@ -53,6 +53,15 @@ function send(res: Res, end: (...a: any[]) => any, a: Answer): void {
   end.call(res, buf);
 }
 
+/** The middleware, with forget() (idem_forget and the key out of its replay cache) and its cache. */
+export interface IdempotencyMiddleware {
+  (req: any, res: any, next: (err?: unknown) => void): void;
+  /** idem_forget(key, scope), and the key out of this middleware's replay cache (scope: httpScope(user, method, path)). */
+  forget(scope: string, key: string): Promise<boolean>;
+  /** The replayCache option's cache, or null. */
+  readonly replayCache: ReplayCache | null;
+}
+
 /**
  * The Express middleware: `app.use(idempotency(pool, opts))` before the
  * routes, or per route. For a POST (any method but GET, HEAD and OPTIONS)
@@ -62,14 +71,18 @@ function send(res: Res, end: (...a: any[]) => any, a: Answer): void {
  * only then sends it. It reads the JSON body itself (req.body is set as
  * express.json() would).
  */
-export function idempotency(pool: Pool, opts: ExpressOptions = {}) {
+export function idempotency(pool: Pool, opts: ExpressOptions = {}): IdempotencyMiddleware {
   const core = new HttpIdempotency(pool, opts);
   const userOf = opts.user ?? defaultUser;
-  return function idempotencyMiddleware(req: Req, res: Res, next: (err?: unknown) => void): void {
+  const middleware = function idempotencyMiddleware(req: Req, res: Res, next: (err?: unknown) => void): void {
     const path = (req.originalUrl ?? req.url ?? "/").split("?")[0];
     if (core.skipped(req.method ?? "GET", path)) return next();
     run(req, res, next, path).catch(next);
   };
+  return Object.assign(middleware, {
+    forget: (scope: string, key: string) => core.forget(scope, key),
+    replayCache: core.replayCache,
+  });
 
   async function run(req: Req, res: Res, next: (err?: unknown) => void, path: string): Promise<void> {
     let raw: Buffer | string | null = null;

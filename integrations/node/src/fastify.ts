@@ -3,12 +3,20 @@
 
 import { Transform } from "stream";
 import type { Pool } from "pg";
-import { Answer, Claim, HEADER_KEY, HEADER_TRACE, HttpIdempotency, HttpOptions } from "./core";
+import { Answer, Claim, HEADER_KEY, HEADER_TRACE, HttpIdempotency, HttpOptions, ReplayCache } from "./core";
 
 export interface FastifyOptions extends HttpOptions {
   pool: Pool;
   /** The authenticated user, for the scope (default: request.user?.id ?? request.user). */
   user?: (request: any) => string | undefined;
+}
+
+/** What the plugin puts on the instance as `fastify.idempotency`. */
+export interface IdempotencyHandle {
+  /** idem_forget(key, scope), and the key out of this plugin's replay cache (scope: httpScope(user, method, path)). */
+  forget(scope: string, key: string): Promise<boolean>;
+  /** The replayCache option's cache, or null. */
+  readonly replayCache: ReplayCache | null;
 }
 
 const STATE = Symbol("pg-idempotency");
@@ -53,6 +61,11 @@ export async function idempotencyPlugin(fastify: any, opts: FastifyOptions): Pro
   const core = new HttpIdempotency(opts.pool, opts);
   const userOf = opts.user ?? defaultUser;
   fastify.decorateRequest("idempotency", null);
+  const handle: IdempotencyHandle = {
+    forget: (scope: string, key: string) => core.forget(scope, key),
+    replayCache: core.replayCache,
+  };
+  fastify.decorate("idempotency", handle);
 
   const routeOf = (request: any): { url: string; config: any } => {
     const ro = request.routeOptions ?? {};

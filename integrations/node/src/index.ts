@@ -2,5 +2,5 @@
 // PostgreSQL extension. The NestJS interceptor is in "pg-idempotency/nestjs".
 export * from "./core";
 export { idempotent, IdempotentOptions } from "./wrapper";
-export { idempotency, ExpressOptions } from "./express";
-export { idempotencyPlugin, FastifyOptions } from "./fastify";
+export { idempotency, ExpressOptions, IdempotencyMiddleware } from "./express";
+export { idempotencyPlugin, FastifyOptions, IdempotencyHandle } from "./fastify";

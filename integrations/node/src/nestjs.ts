@@ -5,7 +5,7 @@
 import { from, Observable, of, throwError } from "rxjs";
 import { catchError, mergeMap } from "rxjs/operators";
 import type { Pool } from "pg";
-import { Claim, HEADER_KEY, HEADER_TRACE, HttpIdempotency, HttpOptions } from "./core";
+import { Claim, HEADER_KEY, HEADER_TRACE, HttpIdempotency, HttpOptions, ReplayCache } from "./core";
 import { holdResponse } from "./express";
 
 export interface NestOptions extends HttpOptions {
@@ -56,6 +56,16 @@ export class IdempotencyInterceptor {
   constructor(pool: Pool, opts: NestOptions = {}) {
     this.core = new HttpIdempotency(pool, opts);
     this.userOf = opts.user ?? defaultUser;
+  }
+
+  /** idem_forget(key, scope), and the key out of this interceptor's replay cache (scope: httpScope(user, method, path)). */
+  forget(scope: string, key: string): Promise<boolean> {
+    return this.core.forget(scope, key);
+  }
+
+  /** The replayCache option's cache, or null. */
+  get replayCache(): ReplayCache | null {
+    return this.core.replayCache;
   }
 
   intercept(context: ExecutionContextLike, next: CallHandlerLike): Observable<unknown> {

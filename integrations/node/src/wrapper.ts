@@ -1,8 +1,9 @@
 // idempotent(): exactly-once for queue consumers and jobs (what Powertools'
 // makeIdempotent does), with the function's writes in the claim's transaction.
 
+import { performance } from "perf_hooks";
 import type { Pool, PoolClient } from "pg";
-import { acquire, Acquired, Claim, InProgressError, MismatchError } from "./core";
+import { acquire, Acquired, Claim, InProgressError, MismatchError, ReplayCache } from "./core";
 
 export interface IdempotentOptions {
   /** The key: a message id, a job id, a client's Idempotency-Key. At most 255 bytes. */
@@ -22,6 +23,12 @@ export interface IdempotentOptions {
   lease?: number;
   /** The caller's W3C traceparent, stored with the claim. */
   trace?: string;
+  /**
+   * A replay cache shared by the calls (new ReplayCache(...)): a stored
+   * result is returned from it, without the database, to a call with the
+   * same scope, key and request; forget(pool, scope, key, cache) evicts.
+   */
+  replayCache?: ReplayCache | null;
 }
 
 /**
@@ -38,6 +45,12 @@ export async function idempotent<T>(pool: Pool, opts: IdempotentOptions, fn: (cl
   const lease = opts.lease && opts.lease > 0 ? opts.lease : 0;
   const scope = opts.scope ?? "";
   const request = opts.request === undefined ? null : JSON.stringify(opts.request);
+  const cache = opts.replayCache ?? null;
+  // no request (no check): "" in the cache, which no JSON text equals
+  const cached = cache?.get(scope, opts.key, request ?? "");
+  if (cached) return (cached.body == null ? undefined : JSON.parse(cached.body)) as T;
+  const generation = cache ? cache.generation : 0;
+  const sentAt = performance.now();
   const client: PoolClient = await pool.connect();
   let a: Acquired;
   try {
@@ -52,6 +65,8 @@ export async function idempotent<T>(pool: Pool, opts: IdempotentOptions, fn: (cl
   if (a.outcome !== "acquired" || lease > 0) client.release();
   switch (a.outcome) {
     case "replay":
+      cache?.put(scope, opts.key, request ?? "", { status: a.status as number, body: a.body, headers: a.headers, originTrace: a.originTrace },
+        a.expiresInMs, sentAt, generation);
       return (a.body == null ? undefined : JSON.parse(a.body)) as T;
     case "in_progress":
       throw new InProgressError(a.retryAfter && a.retryAfter > 0 ? a.retryAfter : 1, a.originTrace);
@@ -76,5 +91,7 @@ export async function idempotent<T>(pool: Pool, opts: IdempotentOptions, fn: (cl
   }
   const body = result === undefined ? null : JSON.stringify(result);
   const canonical = await claim.complete(200, body ?? null, null);
+  cache?.put(scope, opts.key, request ?? "", { status: 200, body: canonical, headers: null, originTrace: opts.trace ?? null },
+    a.expiresInMs, sentAt, generation);
   return (canonical == null ? undefined : JSON.parse(canonical)) as T;
 }
