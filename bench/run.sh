@@ -79,8 +79,9 @@
 # idem_stats_enabled() answered.  To measure what the statistics cost,
 # compare the two in interleaved rounds: bench/compare.sh --stats REV.
 #
-# Filters: with --stats on the cluster has the known-absent filters at their
-# defaults (idempotency.filters = 16, idempotency.filter_size = 1MB); they
+# Filters: with --stats on the cluster has the known-absent filters, set as
+# 1.2's defaults were (idempotency.filters = 16: one database takes 11 of
+# them; idempotency.filter_size = 1MB), so that figures stay comparable; they
 # are rebuilt (build_filters()) after every load, so that each holds the
 # keys of its partition's current rows only.  --filters-compare adds the
 # _nf cases above, so that filters on and off are compared in one run.
