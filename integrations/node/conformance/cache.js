@@ -258,6 +258,15 @@ async function main() {
     "idempotent() with a ReplayCache: the redelivery from the cache, another request a MismatchError, forget() evicts",
     { w1, w2, w2calls, w3, gone, w4 });
 
+  // ---- an entry keeps its request's digest, not its text
+  const big = new ReplayCache({ maxEntryBytes: 100 });
+  const bigRequest = JSON.stringify({ pad: "x".repeat(1_000_000) });
+  const put = big.put("s", "k", bigRequest, { status: 200, body: "{}", headers: null, originTrace: null }, 60_000, performance.now(), big.generation);
+  const kept = big["slots"].get("s\u0000k");
+  ok(put && kept && kept.request.length < 64 && big.get("s", "k", bigRequest) !== undefined && big.get("s", "k", bigRequest + " ") === undefined,
+    "a 1 MB request: the entry keeps its digest, not its text, and still tells the same request from another",
+    { put, kept: kept && kept.request.length });
+
   for (const app of [a, plain, b, t, lru, small, ...Object.values(logs)]) await app.close();
 }
 

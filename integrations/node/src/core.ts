@@ -83,7 +83,11 @@ export interface ReplayEntry {
 }
 
 interface CacheSlot extends ReplayEntry {
-  /** The request jsonb's text, exactly as sent to idem_acquire. */
+  /**
+   * The SHA-256 of the request jsonb's text, exactly as sent to
+   * idem_acquire (the digest, not the text: an entry's size is its
+   * answer's, whatever the request's).
+   */
   request: string;
   /** performance.now() after which it is not served. */
   deadline: number;
@@ -124,6 +128,10 @@ export class ReplayCache {
     return this.gen;
   }
 
+  private static digest(request: string): string {
+    return createHash("sha256").update(request).digest("base64");
+  }
+
   private static id(scope: string, key: string): string {
     return `${scope}\u0000${key}`;
   }
@@ -141,7 +149,7 @@ export class ReplayCache {
       this.slots.delete(id);
       return undefined;
     }
-    if (s.request !== request) return undefined;
+    if (s.request !== ReplayCache.digest(request)) return undefined;
     // most recently used: to the end of the Map's order
     this.slots.delete(id);
     this.slots.set(id, s);
@@ -168,7 +176,8 @@ export class ReplayCache {
     const id = ReplayCache.id(scope, key);
     this.slots.delete(id);
     this.slots.set(id, {
-      status: e.status, body: e.body, headers: e.headers ? { ...e.headers } : null, originTrace: e.originTrace, request, deadline,
+      status: e.status, body: e.body, headers: e.headers ? { ...e.headers } : null, originTrace: e.originTrace,
+      request: ReplayCache.digest(request), deadline,
     });
     while (this.slots.size > this.maxEntries) {
       const oldest = this.slots.keys().next().value as string;

@@ -336,6 +336,20 @@ v1 = idempotent(pool, kw, {"w": 1}, lambda claim: runs.append(1) or {"n": len(ru
 Counting.calls.clear()
 v2 = idempotent(pool, kw, {"w": 1}, lambda claim: runs.append(1) or {"n": len(runs)}, replay_cache=wcache)
 check(v1 == v2 == {"n": 1} and Counting.calls == [], "idempotent(..., replay_cache=): the replay from the cache")
+try:
+    idempotent(pool, str(uuid.uuid4()), {"w": 1}, lambda claim: {}, replay_cache=True)
+    refused = False
+except TypeError:
+    refused = True
+check(refused, "idempotent(..., replay_cache=True) is refused: a cache made for one call would never answer")
+
+# an entry keeps its request's digest, not its text: its size is the answer's
+big = ReplayCache(max_entry_bytes=100)
+big_request = json.dumps({"pad": "x" * 1_000_000})
+check(big.put("s", "k", big_request, 200, "{}", {}, None, time.monotonic(), 60)
+      and len(big._entries[("s", "k")].request) == 32
+      and big.get("s", "k", big_request) is not None and big.get("s", "k", big_request + " ") is None,
+      "a 1 MB request: the entry keeps 32 bytes of it, and still tells the same request from another")
 
 # many threads share one cache
 shared = ReplayCache(max_entries=3)

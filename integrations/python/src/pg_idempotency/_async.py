@@ -336,6 +336,7 @@ async def idempotent_async(conn_or_pool, key, request, fn, scope="", ttl=None, l
     """idempotent() for asyncio: fn(claim) is a coroutine function, claim an
     AsyncClaim (`await claim.tx`); conn_or_pool a psycopg.AsyncConnection or
     a psycopg_pool.AsyncConnectionPool."""
+    _core.replay_cache(replay_cache, shared_only=True)
     text = _core.request_text(request)
 
     async def handler(claim):
@@ -352,4 +353,5 @@ async def idempotent_async(conn_or_pool, key, request, fn, scope="", ttl=None, l
 
 async def forget_async(conn_or_pool, key, scope="", replay_cache=None):
     """forget() for asyncio: an idle AsyncConnection or an AsyncConnectionPool."""
+    _core.replay_cache(replay_cache, shared_only=True)
     return await AsyncIdempotency(conn_or_pool, replay_cache=replay_cache).forget(key, scope)

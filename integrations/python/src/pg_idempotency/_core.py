@@ -235,6 +235,14 @@ def complete_query(conn, key, status, body, scope, claim, headers):
 
 # -- the replay cache ----------------------------------------------------------
 
+def _digest(request):
+    """What an entry keeps of its request: the SHA-256 of its text (so an
+    entry's size does not grow with the request's), None for none."""
+    if request is None:
+        return None
+    return hashlib.sha256(request.encode() if isinstance(request, str) else bytes(request)).digest()
+
+
 class _Entry:
     __slots__ = ("request", "status", "body", "headers", "origin_trace", "deadline")
 
@@ -254,7 +262,9 @@ class ReplayCache:
     Holds only completed answers: a replay that idem_acquire returned, and
     this process's own completions (put in once their COMMIT succeeded).
     An entry is keyed by (scope, key) and served only to a request whose
-    JSON text is byte-identical to the stored one's (any other request goes
+    JSON text is byte-identical to the stored one's (compared by SHA-256,
+    so an entry's size is its answer's, whatever the request's; any other
+    request goes
     to the database, which answers replay or mismatch); never after the
     record's expires_at by the database's clock (deadline: the monotonic
     time before the query was sent + expires_at - clock_timestamp(), read
@@ -301,7 +311,7 @@ class ReplayCache:
             if now >= entry.deadline:
                 del self._entries[(scope, key)]
                 return None
-            if entry.request != request:
+            if entry.request != _digest(request):
                 return None
             self._entries.move_to_end((scope, key))
             return entry
@@ -322,7 +332,7 @@ class ReplayCache:
             if size > self.max_entry_bytes or deadline <= now or sent_at <= self._forgot_at:
                 self._entries.pop((scope, key), None)
                 return False
-            self._entries[(scope, key)] = _Entry(request, status, body, headers, origin_trace, deadline)
+            self._entries[(scope, key)] = _Entry(_digest(request), status, body, headers, origin_trace, deadline)
             self._entries.move_to_end((scope, key))
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
@@ -345,11 +355,15 @@ class ReplayCache:
             self._entries.clear()
 
 
-def replay_cache(option):
+def replay_cache(option, shared_only=False):
     """The ReplayCache of a replay_cache option: None or False (none), True
-    (one with the defaults), or a ReplayCache."""
+    (one with the defaults), or a ReplayCache.  shared_only: for a call
+    that makes its engine anew (idempotent(), forget()), where a new cache
+    would be thrown away with it: True is refused."""
     if option is None or option is False:
         return None
+    if option is True and shared_only:
+        raise TypeError("replay_cache=True would make a new cache for this call only: pass a ReplayCache shared by the calls")
     if option is True:
         return ReplayCache()
     if not isinstance(option, ReplayCache):

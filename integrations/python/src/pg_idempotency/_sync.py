@@ -411,6 +411,7 @@ def idempotent(conn_or_pool, key, request, fn, scope="", ttl=None, lease=None, t
     claim.keep_alive and claim.checkpoint).  replay_cache: a ReplayCache
     shared by the calls (a replay it holds is answered without the
     database); log_duplicates: see Idempotency."""
+    _core.replay_cache(replay_cache, shared_only=True)
     text = _core.request_text(request)
     guard = _own_transactions(conn_or_pool) if isinstance(conn_or_pool, psycopg.Connection) \
         else contextlib.nullcontext()
@@ -425,6 +426,7 @@ def forget(conn_or_pool, key, scope="", replay_cache=None):
     """idem_forget(key, scope) on conn_or_pool (an idle psycopg.Connection
     or a ConnectionPool), committed, then the key evicted from replay_cache.
     Whether a record was removed."""
+    _core.replay_cache(replay_cache, shared_only=True)
     return Idempotency(conn_or_pool, replay_cache=replay_cache).forget(key, scope)
 
 
