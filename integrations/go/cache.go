@@ -269,7 +269,10 @@ var dupSampler = &sampler{now: time.Now, printf: log.Printf}
 // logPrint writes LogAll's lines (the standard logger's Print).
 var logPrint = log.Print
 
-func (s *sampler) log(line string) {
+// log writes the line that line() builds, at most once a second (the
+// first of each second); line is called only for a line written, so that
+// the duplicates left out cost no formatting.
+func (s *sampler) log(line func() string) {
 	s.mu.Lock()
 	now := s.now()
 	if !s.last.IsZero() && now.Sub(s.last) < time.Second && now.Sub(s.last) >= 0 {
@@ -280,13 +283,14 @@ func (s *sampler) log(line string) {
 		s.mu.Unlock()
 		return
 	}
+	text := line()
 	if s.left > 0 {
-		line += fmt.Sprintf(" (and %d more duplicate answers not logged since %s)",
+		text += fmt.Sprintf(" (and %d more duplicate answers not logged since %s)",
 			s.left, s.since.Format("15:04:05"))
 		s.left = 0
 	}
 	s.last = now
 	printf := s.printf
 	s.mu.Unlock()
-	printf("%s", line)
+	printf("%s", text)
 }

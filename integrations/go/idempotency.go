@@ -520,10 +520,12 @@ func (cfg *config) logDuplicate(outcome, key, scope string, trace, originTrace *
 	if cfg.logMode == LogOff {
 		return
 	}
-	line := fmt.Sprintf("idempotency: %s, key %q scope %q: traceparent %s, first request's %s",
-		outcome, key, scope, orDash(trace), orDash(originTrace))
+	line := func() string {
+		return fmt.Sprintf("idempotency: %s, key %q scope %q: traceparent %s, first request's %s",
+			outcome, key, scope, orDash(trace), orDash(originTrace))
+	}
 	if cfg.logMode == LogAll {
-		logPrint(line)
+		logPrint(line())
 		return
 	}
 	dupSampler.log(line)
