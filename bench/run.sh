@@ -771,7 +771,7 @@ report() {
 	echo "- PostgreSQL: $PG_VERSION"
 	echo "- PostgreSQL major: $IDEM_PG_MAJOR (--pg $PG_MAJOR), $WHERE"
 	echo "- statistics: --stats $STATS, shared_preload_libraries = '$PRELOAD'; idem_stats_enabled(): $STATS_ENABLED"
-	echo "- rounds: $ROUNDS (--rounds) of the main cases, interleaved: each round runs every main case at 2 and 8 clients once," \
+	echo "- rounds: $ROUNDS (--rounds) of the main cases, interleaved: each round runs every main case at ${CLIENT_COUNTS[*]} clients once," \
 		"odd rounds in the order of the table, even rounds in the reverse order; ext_hot_key, scale and memory run once"
 	if ((SPREAD_COMPARE)); then
 		echo "- prefilled records (replay sets) expire evenly over the next $SPREAD (--spread), then, the tables emptied and" \

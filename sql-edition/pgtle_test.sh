@@ -26,8 +26,8 @@
 # What this cannot show: pg_tle's own execution of the text (its copy of
 # PostgreSQL's extension code) and its catalog.  docs/managed.md says so.
 # As root, like sql-edition/test.sh (which runs it): a throwaway cluster of
-# the private PostgreSQL copy; the regular edition files in that copy are
-# put back on exit.  Closing line: "pg_tle: N of M checks passed."
+# the private PostgreSQL copy (IDEM_PG_PREFIX, else one of our own); the
+# regular edition files are installed in that copy, and put back on exit.  Closing line: "pg_tle: N of M checks passed."
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -40,6 +40,11 @@ if [[ -z ${IDEM_PG_PREFIX:-} || ! -x $IDEM_PG_PREFIX/lib/postgresql/$IDEM_PG_MAJ
 fi
 EXTDIR=$("$PG_BINDIR/pg_config" --sharedir)/extension
 make -s --no-print-directory -C "$HERE" >/dev/null
+# the regular files (the comparison's side), into the private copy only
+restore() {
+	install -m 644 "$HERE/build/idempotency_sql.control" "$HERE/build/idempotency_sql--1.2.sql" "$EXTDIR/"
+}
+restore
 
 STAGE=$(mktemp -d "${TMPDIR:-/tmp}/sqled-tle.XXXXXX")
 printf '# the pg_tle test: nothing preloaded\nmax_connections = 20\n' >"$STAGE/regress.conf"
@@ -52,13 +57,9 @@ mkdir -p "$W"
 cp "$HERE/build/idempotency_sql.pgtle.sql" "$W/"    # as root: postgres may not enter the clone
 chown -R postgres: "$W"
 
-# the regular files, back in place whatever happens
-SAVED=$(mktemp -d "${TMPDIR:-/tmp}/sqled-tle-saved.XXXXXX")
-restore() {
-	install -m 644 "$HERE/build/idempotency_sql.control" "$HERE/build/idempotency_sql--1.2.sql" "$EXTDIR/"
-	rm -rf "$SAVED"
-}
-trap 'restore; stop_cluster' EXIT
+# the regular files back in place whatever happens, then common.sh's own
+# clean-up (the server, its log kept on failure, a private copy of our own)
+trap 'st=$?; restore || true; (exit "$st"); _idem_on_exit' EXIT
 
 P() {	# P ROLE DB [psql args]: psql -XAt as ROLE in DB
 	local role=$1 db=$2
@@ -117,7 +118,6 @@ check "it calls pgtle.install_extension once, for idempotency_sql 1.2, requiring
 	"$(P postgres tle -c "SELECT count(*) OVER (), name, version, requires IS NULL FROM pgtle.kept")"
 
 # 2. the extension pg_tle would offer, made of what was kept
-cp "$EXTDIR/idempotency_sql.control" "$EXTDIR/idempotency_sql--1.2.sql" "$SAVED/"
 P postgres tle -c "SELECT ext FROM pgtle.kept" >"$W/ext.sql"
 check "the kept text is the edition's script (without its psql guard, with CREATE SCHEMA)" \
 	"$(sed -n '/^\$_idem_tle_\$$/,/^\$_idem_tle_\$$/p' "$HERE/build/idempotency_sql.pgtle.sql" | sed '1d;$d' | md5sum)" \
@@ -161,7 +161,6 @@ members() {
 }
 members tle >"$W/tle.members"
 restore
-SAVED=$(mktemp -d "${TMPDIR:-/tmp}/sqled-tle-saved.XXXXXX")
 P tle_owner files -c 'CREATE EXTENSION idempotency_sql'
 members files >"$W/files.members"
 check "the same $(wc -l <"$W/files.members") members as from the regular files" "" \
