@@ -97,35 +97,27 @@ else
 	result 1 "README: could not make its database"
 fi
 
-# 3. the wrapper
-log "$name: idempotent() and idempotent_async()"
-if fresh_db idem_python_wrapper >"$work/wrapper-db.out" 2>&1; then
-	(cd "$work" && "$venv_python" "$here/tests/wrapper_test.py" \
-		"host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=idem_python_wrapper") >"$work/wrapper.out" 2>&1
-	rc=$?
-	results "$work/wrapper.out"
-	if ((rc != 0)) && ! grep -q '^not ok - ' "$work/wrapper.out"; then
-		result 1 "tests/wrapper_test.py ran to its end (exit $rc)"
+# 3. the wrapper (tests/wrapper_test.py), and 4. the round trips, the
+# literals, the replay cache and the log lines (tests/cache_test.py): each
+# on a database of its own
+unit_test() {	# unit_test NAME WHAT
+	local db=idem_python_$1 rc
+	log "$name: $2"
+	if fresh_db "$db" >"$work/$1-db.out" 2>&1; then
+		(cd "$work" && "$venv_python" "$here/tests/$1_test.py" \
+			"host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=$db") >"$work/$1.out" 2>&1
+		rc=$?
+		results "$work/$1.out"
+		if ((rc != 0)) && ! grep -q '^not ok - ' "$work/$1.out"; then
+			result 1 "tests/$1_test.py ran to its end (exit $rc)"
+		fi
+	else
+		cat "$work/$1-db.out"
+		result 1 "$1: could not make its database"
 	fi
-else
-	cat "$work/wrapper-db.out"
-	result 1 "wrapper: could not make its database"
-fi
-
-# 4. the round trips, the literals, the replay cache, the log lines
-log "$name: round trips, replay cache, duplicate log lines"
-if fresh_db idem_python_cache >"$work/cache-db.out" 2>&1; then
-	(cd "$work" && "$venv_python" "$here/tests/cache_test.py" \
-		"host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=idem_python_cache") >"$work/cache.out" 2>&1
-	rc=$?
-	results "$work/cache.out"
-	if ((rc != 0)) && ! grep -q '^not ok - ' "$work/cache.out"; then
-		result 1 "tests/cache_test.py ran to its end (exit $rc)"
-	fi
-else
-	cat "$work/cache-db.out"
-	result 1 "cache: could not make its database"
-fi
+}
+unit_test wrapper "idempotent() and idempotent_async()"
+unit_test cache "round trips, replay cache, duplicate log lines"
 
 # 5. the HTTP conformance test, for each sample app; starlette's and
 # django's again with the replay cache on
