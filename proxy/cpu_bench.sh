@@ -18,7 +18,13 @@
 # router's PL/Proxy function px_owned_acquire called by the client itself,
 # without the router's PL/pgSQL idem_acquire around it (its hash, layout,
 # retries and error mapping): what a leaner router could reach with the
-# shards of today (direct: the same as new).  CPU time depends far less on what else the
+# shards of today (direct: the same as new).  Two more, app and
+# app_replay, are what an application that routes by itself costs (the Go
+# package's Shards; proxy/README.md, "Calls that skip the router"): the client calls
+# the owning shard's shard_acquire with the layout version, a prepared
+# statement, and no router is in the path; against idem_acquire called
+# directly, prepared too (pgbench -M prepared on both sides; the other
+# cases run -M simple).  CPU time depends far less on what else the
 # machine runs than wall time does.  Everything stops on exit.  Needs
 # PL/Proxy and both extensions installed in the PostgreSQL of PG_BINDIR
 # (default /usr/lib/postgresql/15/bin).  PERF=1 also records a profile
@@ -100,6 +106,15 @@ cat >"$BASE/noop.sql" <<'EOF'
 \set r random(1, 2000000000)
 SELECT bench.noop(:r);
 EOF
+# an application that routes by itself: the owning shard's shard_acquire
+cat >"$BASE/app.sql" <<EOF
+\\set r random(1, 2000000000)
+SELECT outcome FROM idempotency.shard_acquire($LV, 'a' || :r || ':' || :client_id, NULL, 'bench', '1h', '60s', NULL);
+EOF
+cat >"$BASE/app_replay.sql" <<EOF
+\\set r random(1, 2000)
+SELECT outcome FROM idempotency.shard_acquire($LV, 'rep' || :r, NULL, 'bench', '1h', '60s', NULL);
+EOF
 chown postgres "$BASE"/*.sql
 
 # cpu_of N: CPU seconds of cluster N so far
@@ -115,13 +130,19 @@ cpu_of() {
 
 # one CASE (direct|router) SCRIPT: "latency_ms shard_us router_us"
 one() {
-	local port=$S r0 r1 s0 s1 n lat prof= script=$2
+	local port=$S r0 r1 s0 s1 n lat prof= script=$2 mode=simple
 	[[ $1 == router ]] && port=$R
 	[[ $1 == direct && $2 == bare ]] && script=new
+	if [[ $2 == app* ]]; then
+		# no router: the application calls the shard, prepared
+		port=$S mode=prepared
+		[[ $1 == direct && $2 == app ]] && script=new
+		[[ $1 == direct && $2 == app_replay ]] && script=replay
+	fi
 	sleep 0.5
 	r0=$(cpu_of 0)
 	s0=$(cpu_of 1)
-	as_pg "$PG_BINDIR/pgbench" -n -h 127.0.0.1 -p "$port" -c 1 -T "$DUR" -f "$BASE/$script.sql" postgres >"$BASE/out" 2>&1 &
+	as_pg "$PG_BINDIR/pgbench" -n -h 127.0.0.1 -p "$port" -c 1 -T "$DUR" -M "$mode" -f "$BASE/$script.sql" postgres >"$BASE/out" 2>&1 &
 	local bench=$!
 	if [[ -n ${PERF:-} && $1 == router && $2 == new && $round == 1 ]]; then
 		sleep 1
@@ -142,7 +163,7 @@ echo "| round | call | direct: latency (ms), shard CPU (us) | routed: latency (m
 echo "|---|---|---|---|---|---|"
 : >"$BASE/results"
 for ((round = 1; round <= ROUNDS; round++)); do
-	if ((round % 2)); then order="new replay noop bare"; else order="bare noop replay new"; fi
+	if ((round % 2)); then order="new replay noop bare app app_replay"; else order="app_replay app bare noop replay new"; fi
 	for s in $order; do
 		if ((round % 2)); then
 			read -r dl ds _ < <(one direct "$s")
@@ -157,7 +178,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
 		echo "$s $dl $ds $rl $rs $rr $cpu $lat" >>"$BASE/results"
 	done
 done
-for s in new replay noop bare; do
+for s in new replay noop bare app app_replay; do
 	m() { awk -v s="$s" -v c="$1" '$1 == s { print $c }' "$BASE/results" | median; }
 	echo "median $s: direct $(m 2) ms, shard $(m 3) us; routed $(m 4) ms, shard $(m 5) us, router $(m 6) us;" \
 		"routed / direct: CPU $(m 7), latency $(m 8)"

@@ -107,7 +107,7 @@ rc=0
 mkdir -p "$gopath/src/readmego"
 awk -v dir="$gopath/src/readmego" '
 	/^```go[[:space:]]*$/ { n++; f = dir "/block" n ".go"; inblock = 1
-		print "package readmego\n\nimport (\n\t\"net/http\"\n\t\"time\"\n\n\tidempotency \"github.com/idempotency-pg/idempotency-go\"\n\t\"github.com/jackc/pgx/v4/pgxpool\"\n)\n\nvar _ = time.Second\n\nfunc block" n "(pool *pgxpool.Pool, mux *http.ServeMux) http.Handler {" > f
+		print "package readmego\n\nimport (\n\t\"context\"\n\t\"net/http\"\n\t\"time\"\n\n\tidempotency \"github.com/idempotency-pg/idempotency-go\"\n\t\"github.com/jackc/pgx/v4/pgxpool\"\n)\n\nvar _ = time.Second\nvar _ = context.Background\n\nfunc block" n "(pool *pgxpool.Pool, mux *http.ServeMux) http.Handler {" > f
 		next }
 	inblock && /^```[[:space:]]*$/ { print "\treturn h\n}" > f; close(f); inblock = 0; next }
 	inblock { print > f }
@@ -125,8 +125,20 @@ rc=0
 		"$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -d "$unitdb" -c 'CREATE EXTENSION idempotency'
 } >"$work/unitdb.out" 2>&1 || rc=$?
 ok "$rc" "a database for the unit tests ($unitdb, with the extension)" "$work/unitdb.out"
+# Shards' test (shards_db_test.go): a router database and three shard
+# databases, empty, on the same server (PL/Proxy reaches them on loopback).
+shardsdbs=(idem_go_router idem_go_shard0 idem_go_shard1 idem_go_shard2)
+rc=0
+for db in "${shardsdbs[@]}"; do
+	ext=idempotency
+	[[ $db == idem_go_router ]] && ext='idempotency_proxy CASCADE'
+	"${psql[@]}" -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" &&
+		"$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -d "$db" -c "CREATE EXTENSION $ext" || rc=1
+done >"$work/shardsdb.out" 2>&1
+ok "$rc" "a router and three shard databases for Shards' test (idempotency_proxy, idempotency)" "$work/shardsdb.out"
 rc=0
 IDEM_GO_TEST_DSN="host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=$unitdb" \
+	IDEM_GO_SHARDS_DSN="host=$PGHOST port=$PGPORT user=${PGUSER:-postgres}" \
 	gomode go test -count=1 -v "$pkg" "$pkg/gin" >"$work/unit.out" 2>&1 || rc=$?
 units=0
 while IFS= read -r line; do
@@ -140,7 +152,9 @@ done <"$work/unit.out"
 if ((rc != 0 || units == 0)); then
 	ok 1 "go test ran and passed (exit $rc)" "$work/unit.out"
 fi
-"${psql[@]}" -c "DROP DATABASE IF EXISTS $unitdb" >/dev/null 2>&1 || true
+for db in "$unitdb" "${shardsdbs[@]}"; do
+	"${psql[@]}" -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
+done
 
 # README.md as written, by the docs test's own runner: its sql blocks as
 # the postgres role (from /), its shell blocks as root in the clone's
