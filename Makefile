@@ -27,13 +27,14 @@ OBJS = \
 	stats.o \
 	filter.o \
 	filterbuild.o \
+	shard.o \
 	worker.o
 
 EXTENSION = idempotency
 # One full script, the last released one, and the updates after it: CREATE
-# EXTENSION runs idempotency--1.1.sql and then idempotency--1.1--1.2.sql (as
+# EXTENSION runs idempotency--1.1.sql and then the updates 1.1--1.2, 1.2--1.3 (as
 # for contrib's pg_stat_statements), so each SQL object is written once.
-DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1.sql idempotency--1.1--1.2.sql
+DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1.sql idempotency--1.1--1.2.sql idempotency--1.2--1.3.sql
 PGFILEDESC = "idempotency - exactly-once write endpoints from SQL"
 
 # Test files run in name order; their numeric prefixes give that order.

@@ -162,6 +162,9 @@ PG_FUNCTION_INFO_V1(idem_maintenance_settings);
 PG_FUNCTION_INFO_V1(idem_token_issue);
 PG_FUNCTION_INFO_V1(idem_token_consume);
 PG_FUNCTION_INFO_V1(idem_owner_alive_sql);
+PG_FUNCTION_INFO_V1(idem_shard_key_hash_sql);
+PG_FUNCTION_INFO_V1(idem_shard_refusal_sql);
+PG_FUNCTION_INFO_V1(idem_shard_acquire);
 
 
 /*
@@ -251,6 +254,7 @@ _PG_init(void)
 	MarkGUCPrefixReserved("idempotency");
 
 	idem_records_init();
+	idem_shard_init();
 }
 
 
@@ -1134,6 +1138,44 @@ idem_acquire_count(const IdemAcquire *st, const instr_time *start)
 }
 
 /*
+ * Run one call of idem_acquire up to its answer, into st: the protocol is a
+ * replay answered without the key lock where it can be, else locked passes
+ * (keylock.c) until one settles the answer, polling between them while
+ * another session's committed claim runs.  1.1 writes a new claim with
+ * every acquired, and a session-bound claim is taken over as soon as its
+ * owner session is gone rather than when its lease runs out.  Returns with
+ * the result's tuplestore set up and idempotency.records open (st->parent).
+ */
+static void
+idem_acquire_run(FunctionCallInfo fcinfo, IdemApi api, IdemAcquire *st)
+{
+	TimestampTz now;
+
+	idem_acquire_check(fcinfo, api, st);
+	idem_acquire_open(fcinfo, st);
+
+	now = GetCurrentTimestamp();
+	st->deadline = TimestampTzPlusMilliseconds(now, idem_wait_timeout);
+	st->hint = now + st->ttl;
+
+	if (!idem_acquire_replay_unlocked(st, now, false))
+	{
+		idem_key_read_init(&st->kr, st->parent, &st->key, st->deadline,
+						   st->ttl, NULL);
+		st->locked = true;
+		if (!idem_acquire_replay_busy(st, now))
+		{
+			st->kr.writer_settles = idem_acquire_writer_settles;
+			st->kr.settles_arg = st->hash;
+			while (idem_acquire_locked_pass(st) == IDEM_STEP_POLL &&
+				   idem_acquire_poll(st))
+				;
+		}
+		idem_key_read_end(&st->kr);
+	}
+}
+
+/*
  * idem_acquire(key, request, scope, ttl, lease)
  *		returns table (outcome, response_status, response_body, attempt,
  *					   expires_at)
@@ -1143,12 +1185,7 @@ idem_acquire_count(const IdemAcquire *st, const instr_time *start)
  *		returns table (..., retry_after, phase, state, response_headers,
  *					   origin_trace)
  *
- * Always exactly one row.  The protocol: a replay answered without the key
- * lock where it can be, else locked passes (keylock.c) until one settles
- * the answer, polling between them while another session's committed claim
- * runs.  1.1 writes a new claim with every acquired, and a session-bound
- * claim is taken over as soon as its owner session is gone rather than when
- * its lease runs out.
+ * Always exactly one row (idem_acquire_run has the protocol).
  */
 static Datum
 idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
@@ -1156,35 +1193,12 @@ idem_acquire_common(FunctionCallInfo fcinfo, IdemApi api)
 	IdemAcquire st;
 	instr_time	start;
 	bool		counting;
-	TimestampTz now;
 
 	counting = idem_stats_on();
 	if (counting)
 		INSTR_TIME_SET_CURRENT(start);
 
-	idem_acquire_check(fcinfo, api, &st);
-	idem_acquire_open(fcinfo, &st);
-
-	now = GetCurrentTimestamp();
-	st.deadline = TimestampTzPlusMilliseconds(now, idem_wait_timeout);
-	st.hint = now + st.ttl;
-
-	if (!idem_acquire_replay_unlocked(&st, now, false))
-	{
-		idem_key_read_init(&st.kr, st.parent, &st.key, st.deadline, st.ttl,
-						   NULL);
-		st.locked = true;
-		if (!idem_acquire_replay_busy(&st, now))
-		{
-			st.kr.writer_settles = idem_acquire_writer_settles;
-			st.kr.settles_arg = st.hash;
-			while (idem_acquire_locked_pass(&st) == IDEM_STEP_POLL &&
-				   idem_acquire_poll(&st))
-				;
-		}
-		idem_key_read_end(&st.kr);
-	}
-
+	idem_acquire_run(fcinfo, api, &st);
 	idem_acquire_answer(fcinfo, &st);
 	idem_records_close(st.parent);
 	if (counting)
@@ -1215,6 +1229,166 @@ idem_acquire_1_2(PG_FUNCTION_ARGS)
 	return idem_acquire_common(fcinfo, IDEM_API_1_2);
 }
 
+
+/* ----------------------------------------------------------------
+ * A shard's checks of the routers' layout (shard.c; 1.3)
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * idempotency.shard_key_hash(scope text, key text) returns int
+ *
+ * idempotency_proxy's hash of a key, which names its partition; NULL hashes
+ * as ''.  1.2 wrote it in PL/pgSQL.
+ */
+Datum
+idem_shard_key_hash_sql(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT32(idem_shard_key_hash(PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0),
+										PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1)));
+}
+
+/*
+ * idempotency.shard_refusal(layout bigint, hash int, fresh boolean,
+ *							 OUT message text, OUT detail text)
+ *
+ * Why this shard may not answer a call for partition hash from a router at
+ * layout version layout (idem_shard_refusal), or NULLs when it may.  Used by
+ * the PL/pgSQL wrappers other than shard_acquire (shard_check, shard_lookup,
+ * shard_token_issue); 1.2 wrote it in PL/pgSQL.
+ */
+Datum
+idem_shard_refusal_sql(PG_FUNCTION_ARGS)
+{
+	TupleDesc	desc;
+	Datum		values[2];
+	bool		nulls[2] = {true, true};
+	char	   *message;
+	const char *detail;
+
+	if (PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("hash and fresh must not be null")));
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	desc = BlessTupleDesc(desc);
+
+	if (idem_shard_refusal(PG_ARGISNULL(0), PG_ARGISNULL(0) ? 0 : PG_GETARG_INT64(0),
+						   PG_GETARG_INT32(1), PG_GETARG_BOOL(2),
+						   &message, &detail))
+	{
+		values[0] = CStringGetTextDatum(message);
+		values[1] = CStringGetTextDatum(detail);
+		nulls[0] = nulls[1] = false;
+	}
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(desc, values, nulls)));
+}
+
+/*
+ * The response_body of a refused call: {"message": ..., "detail": ...}.
+ */
+static Jsonb *
+idem_refusal_body(const char *message, const char *detail)
+{
+	JsonbParseState *state = NULL;
+	JsonbValue	v;
+	const char *const pairs[4] = {"message", message, "detail", detail};
+
+	(void) pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	for (int i = 0; i < 4; i++)
+	{
+		v.type = jbvString;
+		v.val.string.val = (char *) pairs[i];
+		v.val.string.len = strlen(pairs[i]);
+		(void) pushJsonbValue(&state, (i % 2 == 0) ? WJB_KEY : WJB_VALUE, &v);
+	}
+	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
+}
+
+/*
+ * idempotency.shard_acquire(layout bigint, key text, request jsonb,
+ *							 scope text, ttl interval, lease interval,
+ *							 trace text) returns table (idem_acquire's 1.2
+ *							 columns)
+ *
+ * What a router (or an application that calls the owning shard itself)
+ * calls on a shard: idem_acquire, then the layout check of shard.c, unless
+ * this shard may not answer the key under the caller's layout: then one row
+ * with outcome 'refused' and the reason in response_body (message,
+ * detail), and nothing is left of the call (a new claim it made is released
+ * at once, in this transaction, so no other session ever sees it).  A
+ * refusal is a row, not an error, so that PL/Proxy keeps its connection (it
+ * drops one after every remote error); the router reloads its layout and
+ * retries.  A refused takeover (a record of a key this shard neither owns
+ * nor owned, which a forced end of a growth window can leave) raises 55R01,
+ * which rolls it back.  Bad input raises what idem_acquire raises, before
+ * the check.  1.2 wrote it in PL/pgSQL, with the same answers.
+ */
+Datum
+idem_shard_acquire(PG_FUNCTION_ARGS)
+{
+	LOCAL_FCINFO(inner, 7);
+	IdemAcquire st;
+	instr_time	start;
+	bool		counting;
+	bool		fresh;
+	char	   *message;
+	const char *detail;
+
+	idem_check_nargs(fcinfo, 7);
+	counting = idem_stats_on();
+	if (counting)
+		INSTR_TIME_SET_CURRENT(start);
+
+	/* idem_acquire_1_2's arguments: ours after layout, never session-bound */
+	InitFunctionCallInfoData(*inner, fcinfo->flinfo, 7, fcinfo->fncollation,
+							 fcinfo->context, fcinfo->resultinfo);
+	for (int i = 0; i < 5; i++)
+		inner->args[i] = fcinfo->args[i + 1];
+	inner->args[5].value = BoolGetDatum(false);
+	inner->args[5].isnull = false;
+	inner->args[6] = fcinfo->args[6];
+
+	idem_acquire_run(inner, IDEM_API_1_2, &st);
+
+	fresh = st.outcome == IDEM_ACQUIRED && st.have_record &&
+		st.kr.rec.attempt == 1;
+	if (!idem_shard_refusal(PG_ARGISNULL(0), PG_ARGISNULL(0) ? 0 : PG_GETARG_INT64(0),
+							idem_shard_key_hash(st.key.scope, st.key.key),
+							fresh, &message, &detail))
+		idem_acquire_answer(inner, &st);
+	else if (st.outcome == IDEM_ACQUIRED && !fresh)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_LAYOUT_REFUSED),
+				 errmsg("%s", message),
+				 errdetail("%s", detail),
+				 errhint("The router reloads its layout from the shards and retries.")));
+	else
+	{
+		ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+		Datum		values[11];
+		bool		nulls[11];
+
+		if (fresh)
+			(void) DirectFunctionCall4(idem_release_1_1,
+									   PointerGetDatum(st.key.key),
+									   PointerGetDatum(st.key.scope),
+									   Int32GetDatum(1),
+									   UUIDPGetDatum(&st.claim.claim));
+		memset(nulls, true, sizeof(nulls));
+		values[0] = CStringGetTextDatum("refused");
+		nulls[0] = false;
+		values[2] = JsonbPGetDatum(idem_refusal_body(message, detail));
+		nulls[2] = false;
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+
+	idem_records_close(st.parent);
+	if (counting)
+		idem_acquire_count(&st, &start);
+	return (Datum) 0;
+}
 
 /* ----------------------------------------------------------------
  * idem_complete, idem_release

@@ -281,6 +281,8 @@ extern List *idem_records_live_partitions(Relation parent, TimestampTz now);
 extern TimestampTz idem_records_partition_end(Relation parent, Oid relid);
 
 /* reqhash.c */
+#define SHA256_DIGEST_BYTES		32
+extern void idem_sha256(const uint8 *data, size_t len, uint8 *digest);
 extern bytea *idem_hash_jsonb(Jsonb *jb);
 extern bool idem_hash_mismatch(const IdemRecord *rec, const bytea *hash);
 
@@ -323,6 +325,14 @@ extern bool idem_filter_note_starved(bool starved);
 
 /* filterbuild.c: what keeps the filters true (preloaded only) */
 extern void idem_filterbuild_init(void);
+
+/* shard.c: a shard's check of the routers' layout (idempotency_proxy) */
+#define ERRCODE_IDEM_LAYOUT_REFUSED	MAKE_SQLSTATE('5','5','R','0','1')
+extern void idem_shard_init(void);
+extern int32 idem_shard_key_hash(text *scope, text *key);
+extern bool idem_shard_refusal(bool layout_null, int64 layout, int32 hash,
+							   bool fresh, char **message,
+							   const char **detail);
 
 /* worker.c: filters built at server start and after a crash (preloaded) */
 extern void idem_worker_init(bool launch);

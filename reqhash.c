@@ -33,7 +33,6 @@
 
 #include "idempotency.h"
 
-#define SHA256_DIGEST_BYTES		32
 
 #ifdef USE_OPENSSL
 /*
@@ -94,7 +93,7 @@ idem_sha256_setup(void)
  * context; without it (or should OpenSSL fail), through pg_cryptohash,
  * whose errors are then reported.
  */
-static void
+void
 idem_sha256(const uint8 *data, size_t len, uint8 *digest)
 {
 	pg_cryptohash_ctx *ctx;

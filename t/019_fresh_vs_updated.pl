@@ -1,10 +1,10 @@
 # Copyright (c) idempotency authors
 #
-# A fresh 1.2 install (CREATE EXTENSION runs idempotency--1.1.sql, then
-# idempotency--1.1--1.2.sql) equals 1.0 updated to 1.2
-# (idempotency--1.0.sql, then idempotency--1.0--1.1.sql and
-# idempotency--1.1--1.2.sql) and 1.1 updated to 1.2; a fresh 1.1 install
-# equals 1.0 updated to 1.1.  In each 1.2 database every dated partition
+# A fresh install of the default version, 1.3 (CREATE EXTENSION runs
+# idempotency--1.1.sql, then idempotency--1.1--1.2.sql and
+# idempotency--1.2--1.3.sql) equals 1.0 updated to 1.3
+# (idempotency--1.0.sql, then every update) and 1.1 updated to 1.3; a fresh
+# 1.1 install equals 1.0 updated to 1.1.  In each 1.3 database every dated partition
 # (all empty) has 1.2's layout: the completion's columns last, fillfactor
 # 94 (issue 36; t/024_upgrade_1_2.pl updates one holding records).
 #
@@ -232,9 +232,9 @@ $node->safe_psql('updated',
 	"CREATE EXTENSION idempotency VERSION '1.0';\nALTER EXTENSION idempotency UPDATE");
 $node->safe_psql('updated11',
 	"CREATE EXTENSION idempotency VERSION '1.1';\nALTER EXTENSION idempotency UPDATE");
-is(extversion('fresh'), '1.2', 'CREATE EXTENSION idempotency installs 1.2');
-is(extversion('updated'), '1.2', 'ALTER EXTENSION idempotency UPDATE moves 1.0 to 1.2');
-is(extversion('updated11'), '1.2', 'ALTER EXTENSION idempotency UPDATE moves 1.1 to 1.2');
+is(extversion('fresh'), '1.3', 'CREATE EXTENSION idempotency installs 1.3');
+is(extversion('updated'), '1.3', 'ALTER EXTENSION idempotency UPDATE moves 1.0 to 1.3');
+is(extversion('updated11'), '1.3', 'ALTER EXTENSION idempotency UPDATE moves 1.1 to 1.3');
 
 # 1.2's partition layout (idempotency--1.1--1.2.sql, partition_columns),
 # in every dated partition: what each database's partitions have, one line

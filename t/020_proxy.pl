@@ -407,15 +407,6 @@ for my $s (@shards[ 0 .. 2 ])
 {
 	$s->safe_psql('postgres', 'CREATE DATABASE three');
 	$s->safe_psql('three', 'CREATE EXTENSION idempotency');
-	$s->safe_psql('three', q{
-DO $$
-BEGIN
-    IF EXISTS (SELECT FROM pg_available_extension_versions
-                WHERE name = 'idempotency' AND version = '1.2') THEN
-        ALTER EXTENSION idempotency UPDATE TO '1.2';
-    END IF;
-END
-$$;});
 	$s->safe_psql('three', q{SELECT count(*) FROM idempotency.idem_acquire('warm')});
 }
 $router->safe_psql('three',
