@@ -20,6 +20,18 @@
 -- shard_check, shard_lookup, shard_token_issue and shard_owns stay in
 -- PL/pgSQL and now call the C shard_refusal and shard_key_hash.
 --
+-- What differs from 1.2, all outside what a router sends or writes:
+--   - under REPEATABLE READ or SERIALIZABLE, a layout changed since the
+--     transaction's snapshot fails the check with 40001 (1.2 checked a
+--     claim against the layout its snapshot saw, which proxy/README.md's
+--     argument does not allow);
+--   - a NULL element of owned or previous_owned, or a NULL previous_owned
+--     beside a previous_map, owns nothing (1.2's NULL logic let some calls
+--     through);
+--   - shard_refusal with a NULL hash or fresh raises 22004;
+--   - shard_acquire needs EXECUTE on itself only, not on idem_acquire and
+--     idem_release too (it runs their code, not the SQL functions).
+--
 
 -- shard_key_hash(scope, key): idempotency_proxy's key hash (NULL hashes as
 -- ''), computed by the shard itself.

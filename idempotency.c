@@ -1244,8 +1244,10 @@ idem_acquire_1_2(PG_FUNCTION_ARGS)
 Datum
 idem_shard_key_hash_sql(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_INT32(idem_shard_key_hash(PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0),
-										PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1)));
+	text	   *scope = PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0);
+	text	   *key = PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1);
+
+	PG_RETURN_INT32(idem_shard_key_hash(scope, key));
 }
 
 /*
@@ -1274,7 +1276,8 @@ idem_shard_refusal_sql(PG_FUNCTION_ARGS)
 		elog(ERROR, "return type must be a row type");
 	desc = BlessTupleDesc(desc);
 
-	if (idem_shard_refusal(PG_ARGISNULL(0), PG_ARGISNULL(0) ? 0 : PG_GETARG_INT64(0),
+	if (idem_shard_refusal(PG_ARGISNULL(0),
+						   PG_ARGISNULL(0) ? 0 : PG_GETARG_INT64(0),
 						   PG_GETARG_INT32(1), PG_GETARG_BOOL(2),
 						   &message, &detail))
 	{
@@ -1354,16 +1357,22 @@ idem_shard_acquire(PG_FUNCTION_ARGS)
 
 	fresh = st.outcome == IDEM_ACQUIRED && st.have_record &&
 		st.kr.rec.attempt == 1;
-	if (!idem_shard_refusal(PG_ARGISNULL(0), PG_ARGISNULL(0) ? 0 : PG_GETARG_INT64(0),
+	if (!idem_shard_refusal(PG_ARGISNULL(0),
+							PG_ARGISNULL(0) ? 0 : PG_GETARG_INT64(0),
 							idem_shard_key_hash(st.key.scope, st.key.key),
 							fresh, &message, &detail))
 		idem_acquire_answer(inner, &st);
 	else if (st.outcome == IDEM_ACQUIRED && !fresh)
+	{
+		/* counted as 1.2 counted it: the takeover ran, then was refused */
+		if (counting)
+			idem_acquire_count(&st, &start);
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_LAYOUT_REFUSED),
 				 errmsg("%s", message),
 				 errdetail("%s", detail),
 				 errhint("The router reloads its layout from the shards and retries.")));
+	}
 	else
 	{
 		ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;

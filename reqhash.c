@@ -33,7 +33,6 @@
 
 #include "idempotency.h"
 
-
 #ifdef USE_OPENSSL
 /*
  * The digest and context of idem_sha256, made on first use and kept for the

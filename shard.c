@@ -34,6 +34,7 @@
 
 #include "access/table.h"
 #include "access/tableam.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/tuptable.h"
@@ -196,9 +197,9 @@ idem_layout_open(void)
 			}
 			if (idem_layout_attnum[c] == InvalidAttrNumber)
 				ereport(ERROR,
-						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-						 errmsg("\"idempotency.shard_layout\" has no column \"%s\"",
-								idem_layout_column_names[c]),
+						(errcode(ERRCODE_UNDEFINED_COLUMN),
+						 errmsg("column \"%s\" of relation \"%s\" does not exist",
+								idem_layout_column_names[c], "idempotency.shard_layout"),
 						 errhint("Run ALTER EXTENSION idempotency UPDATE in this database.")));
 		}
 		idem_layout_relid = RelationGetRelid(rel);
@@ -241,19 +242,41 @@ idem_array_holds(ArrayType *a, int32 part)
 }
 
 /*
+ * Read the first row of rel under snapshot into slot; false if none.
+ */
+static bool
+idem_layout_scan(Relation rel, Snapshot snapshot, TupleTableSlot *slot)
+{
+	TableScanDesc scan = table_beginscan(rel, snapshot, 0, NULL);
+	bool		found;
+
+	found = table_scan_getnextslot(scan, ForwardScanDirection, slot);
+	table_endscan(scan);
+	return found;
+}
+
+/*
  * Read the layout row into *l, under a snapshot taken now (after the lock).
  * False when the table has no row.  The table stays locked.
+ *
+ * Under REPEATABLE READ and SERIALIZABLE the snapshot is the transaction's,
+ * which may predate a layout committed since (a claim that waited for the
+ * lock of a layout install, or a transaction that began before it): a claim
+ * checked against the layout it replaced could commit after it, which the
+ * argument of proxy/README.md rules out.  So there the row is read again
+ * under the latest snapshot, and a change since the transaction's snapshot
+ * is a serialization failure (40001): the caller retries the transaction,
+ * which then sees the new layout.
  */
 static bool
 idem_layout_read(IdemLayout *l)
 {
 	Relation	rel = idem_layout_open();
 	Snapshot	snapshot = RegisterSnapshot(GetTransactionSnapshot());
-	TableScanDesc scan = table_beginscan(rel, snapshot, 0, NULL);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	bool		found;
 
-	found = table_scan_getnextslot(scan, ForwardScanDirection, slot);
+	found = idem_layout_scan(rel, snapshot, slot);
 	if (found)
 	{
 		Datum		d;
@@ -273,10 +296,26 @@ idem_layout_read(IdemLayout *l)
 		d = slot_getattr(slot, idem_layout_attnum[LAYOUT_PREVIOUS_OWNED], &isnull);
 		l->previous_owned = isnull ? NULL : DatumGetArrayTypePCopy(d);
 	}
+	UnregisterSnapshot(snapshot);
+
+	if (IsolationUsesXactSnapshot())
+	{
+		ItemPointerData tid = slot->tts_tid;
+		Snapshot	latest = RegisterSnapshot(GetLatestSnapshot());
+		bool		found_now;
+
+		found_now = idem_layout_scan(rel, latest, slot);
+		UnregisterSnapshot(latest);
+		if (found_now != found ||
+			(found && !ItemPointerEquals(&tid, &slot->tts_tid)))
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to a concurrent change of the shard layout"),
+					 errdetail("This shard's layout changed after the transaction's snapshot was taken."),
+					 errhint("Retry the transaction.")));
+	}
 
 	ExecDropSingleTupleTableSlot(slot);
-	table_endscan(scan);
-	UnregisterSnapshot(snapshot);
 	table_close(rel, NoLock);
 	return found;
 }
@@ -295,12 +334,17 @@ idem_layout_read(IdemLayout *l)
  * before the growth and owns now is taken from a router at any version, so
  * a growth refuses no call of a key that does not move.  A shard without a
  * layout answers routers that send none, as 1.1 did.
+ *
+ * A NULL element of owned or previous_owned, or a NULL previous_owned beside
+ * a previous_map, owns nothing here, where 1.2's SQL let some of those
+ * calls through on its NULL logic; the routers never write such a row
+ * (shard_layout_install takes what they computed).
  */
 bool
 idem_shard_refusal(bool layout_null, int64 layout, int32 hash, bool fresh,
 				   char **message, const char **detail)
 {
-	IdemLayout	l;
+	IdemLayout	l = {0};
 	int32		part;
 	bool		now_own;
 	bool		was_own;

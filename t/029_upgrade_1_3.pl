@@ -18,7 +18,10 @@
 #   - at 1.3: the three functions are C, their grants kept, and every
 #     answer is the same, byte for byte; the prepared call and the open
 #     transaction's claim go on; the records complete and replay; a refused
-#     new claim leaves no record.
+#     new claim leaves no record;
+#   - at 1.3, a claim that waited for a layout being written is checked
+#     against that layout (READ COMMITTED), and under REPEATABLE READ a
+#     layout changed since the transaction's snapshot fails with 40001.
 # So a router, or an application calling the shards itself, sees no
 # difference but the time a call takes.
 
@@ -213,6 +216,58 @@ SELECT outcome, attempt FROM idempotency.shard_acquire(2, '$k_new', NULL, 's', '
 	qq{replay|{"id": 5}\nt\nreplay|{"id": 2}\nacquired|1},
 	'the open transaction\'s claim and the running lease complete at 1.3 and replay; a new key is claimed');
 
+# READ COMMITTED: a claim that waited for a layout being written reads the
+# layout written (its snapshot is taken after the lock)
+my $k_wait = key_in('wait', 2);
+my $writer = $node->background_psql('up');
+$writer->query_safe(q{BEGIN; LOCK TABLE idempotency.shard_layout IN ACCESS EXCLUSIVE MODE;
+UPDATE idempotency.shard_layout SET owned = ARRAY[0]});
+my $claimer = $node->background_psql('up');
+$claimer->query_until(qr/claiming/, qq{\\echo claiming
+SELECT outcome FROM idempotency.shard_acquire(2, '$k_wait', NULL, 's', '1 day', '1 hour');
+\\echo claimed
+});
+ok( $node->poll_query_until('up', q{
+SELECT count(*) = 1 FROM pg_locks
+ WHERE relation = 'idempotency.shard_layout'::regclass AND NOT granted}),
+	'a claim waits for the layout being written');
+$writer->query_safe('COMMIT');
+like($claimer->query_until(qr/claimed/, ''), qr/^refused$/m,
+	'then it is refused by that layout (its partition given away meanwhile)');
+is($node->safe_psql('up', qq{SELECT count(*) FROM idempotency.records WHERE key = '$k_wait'}),
+	'0', 'and leaves no record');
+
+# REPEATABLE READ: a layout changed since the transaction's snapshot is a
+# serialization failure, where 1.2 checked the claim against the old one
+$node->safe_psql('up', 'UPDATE idempotency.shard_layout SET owned = ARRAY[0, 2]');
+my $k_rr = key_in('rr', 2);
+my $rr = $node->background_psql('up');
+$rr->query_safe(q{CREATE TEMP TABLE rr_result (sqlstate text);
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT count(*) FROM idempotency.records});
+$node->safe_psql('up', 'UPDATE idempotency.shard_layout SET owned = ARRAY[0]');
+my $rr_claim = qq{
+DO \$\$
+BEGIN
+    PERFORM * FROM idempotency.shard_acquire(2, '$k_rr', NULL, 's', '1 day', '1 hour');
+    INSERT INTO rr_result VALUES ('ok');
+EXCEPTION WHEN OTHERS THEN
+    INSERT INTO rr_result VALUES (SQLSTATE);
+END
+\$\$;
+SELECT sqlstate FROM rr_result;
+ROLLBACK;};
+is($rr->query_safe($rr_claim), '40001',
+	'under REPEATABLE READ, a claim whose snapshot predates the layout fails with 40001');
+$rr->query_safe(q{BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM idempotency.records});
+is($rr->query_safe($rr_claim), 'ok',
+	'and with no change since its snapshot, it is answered (a row)');
+is($node->safe_psql('up', qq{SELECT count(*) FROM idempotency.records WHERE key = '$k_rr'}),
+	'0', 'neither left a record');
+
+$rr->quit;
+$writer->quit;
+$claimer->quit;
 $prepared->quit;
 $open->quit;
 done_testing();
