@@ -253,6 +253,28 @@ free_port() {
 	die "no free TCP port found"
 }
 
+# make_shard_dbs PREFIX: on the test cluster (PGHOST, PGPORT), the
+# databases PREFIX_router (idempotency_proxy, with PL/Proxy) and
+# PREFIX_shard0, 1 and 2 (idempotency), dropped first if left over, all
+# empty: the cluster of the integrations' Shards tests, whose router
+# reaches its shards on loopback.  drop_shard_dbs PREFIX drops them.
+make_shard_dbs() {
+	local prefix=$1 db ext
+	for db in "${prefix}_router" "${prefix}_shard0" "${prefix}_shard1" "${prefix}_shard2"; do
+		ext=idempotency
+		[[ $db == "${prefix}_router" ]] && ext='idempotency_proxy CASCADE'
+		"$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -d postgres \
+			-c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" || return 1
+		"$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -d "$db" -c "CREATE EXTENSION $ext" || return 1
+	done
+}
+drop_shard_dbs() {
+	local prefix=$1 db
+	for db in "${prefix}_router" "${prefix}_shard0" "${prefix}_shard1" "${prefix}_shard2"; do
+		"$PG_BINDIR/psql" -X -q -d postgres -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
+	done
+}
+
 # start_cluster [fast]: "fast" turns fsync off (tests only).
 start_cluster() {
 	local mode=${1:-} base locale try port rc

@@ -127,14 +127,8 @@ rc=0
 ok "$rc" "a database for the unit tests ($unitdb, with the extension)" "$work/unitdb.out"
 # Shards' test (shards_db_test.go): a router database and three shard
 # databases, empty, on the same server (PL/Proxy reaches them on loopback).
-shardsdbs=(idem_go_router idem_go_shard0 idem_go_shard1 idem_go_shard2)
 rc=0
-for db in "${shardsdbs[@]}"; do
-	ext=idempotency
-	[[ $db == idem_go_router ]] && ext='idempotency_proxy CASCADE'
-	"${psql[@]}" -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" &&
-		"$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -d "$db" -c "CREATE EXTENSION $ext" || rc=1
-done >"$work/shardsdb.out" 2>&1
+make_shard_dbs idem_go >"$work/shardsdb.out" 2>&1 || rc=$?
 ok "$rc" "a router and three shard databases for Shards' test (idempotency_proxy, idempotency)" "$work/shardsdb.out"
 rc=0
 IDEM_GO_TEST_DSN="host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=$unitdb" \
@@ -152,9 +146,8 @@ done <"$work/unit.out"
 if ((rc != 0 || units == 0)); then
 	ok 1 "go test ran and passed (exit $rc)" "$work/unit.out"
 fi
-for db in "$unitdb" "${shardsdbs[@]}"; do
-	"${psql[@]}" -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
-done
+"${psql[@]}" -c "DROP DATABASE IF EXISTS $unitdb" >/dev/null 2>&1 || true
+drop_shard_dbs idem_go
 
 # README.md as written, by the docs test's own runner: its sql blocks as
 # the postgres role (from /), its shell blocks as root in the clone's
