@@ -7,18 +7,28 @@
 #      pack: tsc), and installed from its .tgz into a fresh app beside the
 #      frameworks of conformance/package-lock.json; checks what the .tgz
 #      ships and what the installed package depends on, and type-checks
-#      a TypeScript consumer (conformance/types.ts) against it;
+#      against it a TypeScript consumer (conformance/types.ts) and each
+#      ```ts block of README.md (the Shards example: not run, it needs a
+#      sharded cluster; step 4 runs its calls);
 #   2. README.md, every block as written, in order (the quick start, the
 #      job, the replay cache's app), from a copy of this folder laid out as
 #      in the repository (```sh blocks run, ```js FILE blocks written to
-#      FILE, ```sql blocks run by psql in a fresh database), then checks
-#      what it answered and wrote;
+#      FILE, ```sql blocks run by psql in a fresh database, ```ts blocks
+#      left to step 1), then checks what it answered and wrote;
 #   3. conformance/wrapper.js: idempotent() driven directly (redelivery,
 #      mismatch, a throw, release, ten concurrent deliveries, lease mode
 #      resumed at a checkpoint, abort); conformance/cache.js: the replay
 #      cache (no database call, same bytes, mismatch, expiry by the
 #      database's clock, LRU, maxEntryBytes, forget) and logDuplicates;
-#   4. examples/run_tests.sh for the sample apps express, fastify and
+#   4. conformance/shards.js: Shards against an idempotency_proxy cluster
+#      on this server (make_shard_dbs idem_node: the router idem_node_router
+#      and the shards idem_node_shard0..2, dropped afterwards), the steps of
+#      the Go package's TestShards: keyHash is key_hash(), each key on its
+#      owner only and none through the router, named prepared statements,
+#      a growth half way (a stale layout refused and routed, a claim made
+#      through the router completed by a stale Shards), then direct again
+#      over the grown layout, one reading of a stale layout at a time;
+#   5. examples/run_tests.sh for the sample apps express, fastify and
 #      nestjs, over the app of step 1 (examples/http_test.py, 38 checks
 #      each), then again with the replay cache on (IDEM_REPLAY_CACHE=1;
 #      IDEM_NODE_CACHED_APPS="" skips those, "express+cache" runs one).
@@ -88,6 +98,19 @@ ok $? "the sample apps load the installed package ($where)"
 (cd "$app" && node node_modules/typescript/bin/tsc --noEmit --strict --skipLibCheck --module node16 \
 	--moduleResolution node16 --esModuleInterop --types node types.ts) >"$tmp/types.out" 2>&1
 ok $? "a TypeScript consumer (conformance/types.ts) type-checks against the shipped .d.ts files, both entry points" "$tmp/types.out"
+# README.md's ```ts blocks (not run in step 2), each a module of its own
+nts=$(python3 - "$here/README.md" "$app" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+blocks = [b for info, b in re.findall(r"^```([^\n]*)\n(.*?)^```$", text, re.S | re.M) if info.split()[:1] == ["ts"]]
+for i, body in enumerate(blocks, 1):
+    open("%s/readme_%d.ts" % (sys.argv[2], i), "w").write(body)
+print(len(blocks))
+EOF
+)
+(cd "$app" && ((nts > 0)) && node node_modules/typescript/bin/tsc --noEmit --strict --skipLibCheck --module node16 \
+	--moduleResolution node16 --esModuleInterop --types node readme_*.ts) >"$tmp/readme-ts.out" 2>&1
+ok $? "README.md's ts blocks (${nts:-0}: the Shards example) type-check against the shipped .d.ts files" "$tmp/readme-ts.out"
 
 # ---- 2. the README's quick start, as written
 log "README.md's quick start"
@@ -124,6 +147,8 @@ for info, body in blocks:
             out.append("wait_http \"$%s\"" % (m.group(1) if m else "PORT"))
     elif lang == "js" and len(words) == 2:
         out.append("cat > %s <<'README_EOF'\n%sREADME_EOF" % (words[1], body))
+    elif lang == "ts":
+        pass  # not run: type-checked in step 1
     elif lang == "sql":
         out.append("\"$PSQL\" -X -q -v ON_ERROR_STOP=1 <<'README_EOF'\n%sREADME_EOF" % body)
     else:
@@ -171,7 +196,26 @@ for which in wrapper cache; do
 	"${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
 done
 
-# ---- 4. the sample apps, driven by examples/http_test.py
+# ---- 4. Shards against a router and three shards (conformance/shards.js)
+log "conformance/shards.js"
+t1=$SECONDS
+out=$tmp/shards.out
+if make_shard_dbs idem_node >"$out" 2>&1; then
+	(cd "$app" && IDEM_NODE_SHARDS=idem_node timeout 300 node shards.js) >>"$out" 2>&1
+fi
+line=$(grep -E "^shards: [0-9]+ of [0-9]+ tests passed\.$" "$out" | tail -n 1)
+if [[ -n $line ]]; then
+	read -r got total < <(sed -E 's/.*: ([0-9]+) of ([0-9]+) tests passed\./\1 \2/' <<<"$line")
+else
+	got=0 total=1
+	tail -n 20 "$out" | sed 's/^/#   /'
+fi
+sed -nE "s/^(not )?ok [0-9]+ - (.*)/\1ok - shards: \2/p; /^#   /p" "$out"
+echo "# ${line:-shards.js: no result} ($((SECONDS - t1)) s)"
+n=$((n + total)) passed=$((passed + got))
+drop_shard_dbs idem_node
+
+# ---- 5. the sample apps, driven by examples/http_test.py
 IDEM_NODE_CACHED_APPS=${IDEM_NODE_CACHED_APPS-express+cache fastify+cache nestjs+cache}
 # (then again with the replay cache on, IDEM_REPLAY_CACHE=1)
 for run in express fastify nestjs $IDEM_NODE_CACHED_APPS; do

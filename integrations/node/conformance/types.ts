@@ -6,6 +6,7 @@ import express from "express";
 import {
   idempotent, idempotency, idempotencyPlugin, Claim, InProgressError, MismatchError, ClaimLostError, HttpIdempotency,
   ReplayCache, ReplayCacheOptions, LogDuplicates, IdempotencyMiddleware, IdempotencyHandle, httpScope, forget,
+  Shards, ShardsOptions, ShardsLayout, ShardAnswer, keyHash, poolConfigOf,
 } from "pg-idempotency";
 import { IdempotencyInterceptor } from "pg-idempotency/nestjs";
 
@@ -54,6 +55,20 @@ async function job(): Promise<number> {
   }
 }
 
+async function sharded(): Promise<number> {
+  const opts: ShardsOptions = { maxAgeMs: 30_000, pool: (connstr) => new Pool({ ...poolConfigOf(connstr), max: 4 }) };
+  const shards: Shards = await Shards.connect(pool, opts);
+  const a: ShardAnswer = await shards.acquire({ key: "k", scope: "s", request: null, ttl: 60, lease: 30, trace: null });
+  const when: Date | null = a.expiresAt;
+  void when;
+  const done: boolean = await shards.complete({ key: "k", scope: "s", status: 201, body: "{}", claim: a.claim ?? "", headers: null });
+  const released: boolean = await shards.release({ key: "k", scope: "s", claim: a.claim ?? "" });
+  await shards.reload();
+  const l: ShardsLayout = shards.layout();
+  await shards.close();
+  return (done && released && l.direct ? l.version : l.partitions) + keyHash("s", "k") + shards.keyHash("s", "k");
+}
+
 const interceptor = new IdempotencyInterceptor(pool, { leases: { "POST /charges": 30 } });
 const core = new HttpIdempotency(pool, {});
-export { job, interceptor, core, idempotencyPlugin, forgetting };
+export { job, interceptor, core, idempotencyPlugin, forgetting, sharded };

@@ -4,3 +4,6 @@ export * from "./core";
 export { idempotent, IdempotentOptions } from "./wrapper";
 export { idempotency, ExpressOptions, IdempotencyMiddleware } from "./express";
 export { idempotencyPlugin, FastifyOptions, IdempotencyHandle } from "./fastify";
+export {
+  Shards, ShardsOptions, ShardsLayout, ShardAnswer, ShardAcquireArgs, ShardCompleteArgs, ShardReleaseArgs, keyHash, poolConfigOf,
+} from "./shards";
