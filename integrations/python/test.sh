@@ -7,11 +7,18 @@
 #      it from the file into a fresh virtualenv (--system-site-packages:
 #      Debian's psycopg, FastAPI, Django; nothing downloaded);
 #   2. runs README.md's blocks as written, in a copy of this folder, on a
-#      database of their own (tests/readme_test.py);
+#      database of their own (tests/readme_test.py; its Shards section
+#      makes the databases shop_router, shop_shard0 and shop_shard1, with
+#      idempotency_proxy and PL/Proxy: dropped after);
 #   3. checks idempotent() and idempotent_async() (tests/wrapper_test.py);
 #   4. checks the round trips, the literals, the replay cache and the
 #      duplicate log lines (tests/cache_test.py, about 3 s);
-#   5. runs examples/run_tests.sh for each sample app (conformance/*.sh:
+#   5. checks Shards and AsyncShards against a router database
+#      idem_py_router (idempotency_proxy) and three shard databases
+#      idem_py_shard0..2 (scripts/common.sh, make_shard_dbs), grown from 2
+#      to 4 partitions half way through, then drops them
+#      (tests/shards_test.py, about 5 s);
+#   6. runs examples/run_tests.sh for each sample app (conformance/*.sh:
 #      fastapi, starlette, django), which use the installed wheel; then
 #      starlette's and django's again with the replay cache on
 #      (IDEM_REPLAY_CACHE=1: fastapi's middleware is starlette's).
@@ -96,21 +103,29 @@ else
 	cat "$work/readme-db.out"
 	result 1 "README: could not make its database"
 fi
+# the databases of its Shards section
+drop_shard_dbs shop
 
 # 3. the wrapper (tests/wrapper_test.py), and 4. the round trips, the
 # literals, the replay cache and the log lines (tests/cache_test.py): each
 # on a database of its own
+# py_test NAME ARG...: tests/NAME_test.py ARG... with the virtualenv's
+# python, a test for each of its "ok - " and "not ok - " lines
+py_test() {
+	local test=$1 rc
+	shift
+	(cd "$work" && "$venv_python" "$here/tests/${test}_test.py" "$@") >"$work/$test.out" 2>&1
+	rc=$?
+	results "$work/$test.out"
+	if ((rc != 0)) && ! grep -q '^not ok - ' "$work/$test.out"; then
+		result 1 "tests/${test}_test.py ran to its end (exit $rc)"
+	fi
+}
 unit_test() {	# unit_test NAME WHAT
-	local db=idem_python_$1 rc
+	local db=idem_python_$1
 	log "$name: $2"
 	if fresh_db "$db" >"$work/$1-db.out" 2>&1; then
-		(cd "$work" && "$venv_python" "$here/tests/$1_test.py" \
-			"host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=$db") >"$work/$1.out" 2>&1
-		rc=$?
-		results "$work/$1.out"
-		if ((rc != 0)) && ! grep -q '^not ok - ' "$work/$1.out"; then
-			result 1 "tests/$1_test.py ran to its end (exit $rc)"
-		fi
+		py_test "$1" "host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=$db"
 	else
 		cat "$work/$1-db.out"
 		result 1 "$1: could not make its database"
@@ -119,7 +134,19 @@ unit_test() {	# unit_test NAME WHAT
 unit_test wrapper "idempotent() and idempotent_async()"
 unit_test cache "round trips, replay cache, duplicate log lines"
 
-# 5. the HTTP conformance test, for each sample app; starlette's and
+# 5. Shards and AsyncShards (tests/shards_test.py): a router database
+# (idempotency_proxy) and three shard databases, empty (scripts/common.sh),
+# dropped after
+log "$name: Shards, behind a PL/Proxy router"
+if make_shard_dbs idem_py >"$work/shards-db.out" 2>&1; then
+	py_test shards "host=$PGHOST port=$PGPORT user=${PGUSER:-postgres}" idem_py
+else
+	cat "$work/shards-db.out"
+	result 1 "shards: could not make the router and shard databases"
+fi
+drop_shard_dbs idem_py
+
+# 6. the HTTP conformance test, for each sample app; starlette's and
 # django's again with the replay cache on
 for run in fastapi starlette django starlette:cache django:cache; do
 	app=${run%:cache}
