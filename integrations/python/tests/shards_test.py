@@ -227,6 +227,51 @@ def prepared():
 
 step("prepared statements", prepared)
 
+
+def skip_router_and_own_tx():
+    # a Shards with a router connection of its own: what it prepared there
+    # shows whether a call went through the router
+    rconn = psycopg.connect(connstr(PREFIX + "_router"), autocommit=True)
+    mine = {}
+
+    def cfg(c):
+        mine[c] = psycopg.connect(c, autocommit=True)
+        return mine[c]
+
+    d = Shards(rconn, config=cfg, max_age=3600)
+    try:
+        for i in range(4):
+            key = key_in(i % 2, 2, "direct-%d" % i)
+            a = acquire(d, key, "{}", "acquired")
+            d.complete(key, 200, "{}", SCOPE, claim=a.claim)
+            acquire(d, key, "{}", "replay")
+        stmts = [r[0] for r in rconn.execute("SELECT statement FROM pg_prepared_statements").fetchall()]
+        check(len(stmts) == 1 and "cluster_state" in stmts[0],
+              "while direct no call goes through the router: its connection prepared the placement's "
+              "statement only", stmts)
+        # a shard's connection inside a transaction that is not Shards' own:
+        # an error, and no claim left behind (rolled back with it)
+        key = key_in(0, 2, "in-tx")
+        c0 = mine[conn[0]]
+        c0.execute("BEGIN")
+        got = None
+        try:
+            d.acquire(key, "{}", SCOPE)
+        except IdempotencyError as err:
+            got = err
+        status = c0.info.transaction_status
+        if status != psycopg.pq.TransactionStatus.IDLE:
+            c0.execute("ROLLBACK")
+        check(isinstance(got, IdempotencyError) and on(SCOPE, key) == "",
+              "a shard connection inside another transaction: IdempotencyError, no claim left", (got, on(SCOPE, key)))
+        acquire(d, key, "{}", "acquired")
+    finally:
+        d.close()
+        rconn.close()
+
+
+step("no router while direct; a connection in a transaction", skip_router_and_own_tx)
+
 # AsyncShards: on one event loop, for all its steps
 loop = asyncio.new_event_loop()
 arouter_pool = AsyncConnectionPool(connstr(PREFIX + "_router"), min_size=1, open=False)

@@ -181,6 +181,20 @@ def _json(value):
     return json.dumps(value)
 
 
+def _own_statement(conn):
+    """Raise unless conn is outside any transaction, before a statement and
+    after it: a claim must commit when its statement ends.  Inside a
+    transaction that is not ours (a BEGIN of the application's, or a
+    connection whose autocommit another user of it turned off meanwhile)
+    the claim would be rolled back when the connection is given back, and
+    the key claimed twice; an error instead, with nothing left behind."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise IdempotencyError(
+            "pg_idempotency: Shards needs a connection outside any transaction "
+            "(its claims commit at once); give it a pool, or a connection that "
+            "nothing else uses")
+
+
 class _Conns:
     """Where a statement runs: a pool, or one connection used by one call at
     a time (a lock); each statement in autocommit, prepared once a
@@ -197,7 +211,10 @@ class _Conns:
         with self.lock:
             conn, autocommit = _take(self.source)
             try:
-                return conn.execute(sql, params, prepare=True).fetchone()
+                _own_statement(conn)
+                row = conn.execute(sql, params, prepare=True).fetchone()
+                _own_statement(conn)
+                return row
             finally:
                 _give(self.source, conn, autocommit)
 
@@ -472,8 +489,11 @@ class _AsyncConns:
         async with self.lock or _async_null():
             conn, autocommit = await _async._take(self.source)
             try:
+                _own_statement(conn)
                 cur = await conn.execute(sql, params, prepare=True)
-                return await cur.fetchone()
+                row = await cur.fetchone()
+                _own_statement(conn)
+                return row
             finally:
                 await _async._give(self.source, conn, autocommit)
 
