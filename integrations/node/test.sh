@@ -172,6 +172,24 @@ counts=$("${psql[@]}" -d "$db" -At -c "SELECT string_agg(item || '=' || n, ' ' O
 ok $? "one order row per key, and a second after the forget ($counts)"
 "${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
 
+# count_conformance WHICH OUT T1: conformance/WHICH.js's lines in OUT
+# echoed as this run's (prefixed WHICH), and its "WHICH: N of M tests
+# passed." added to the counts (a run with no such line counts as one
+# failure); T1 the SECONDS it started at.
+count_conformance() {
+	local which=$1 out=$2 t1=$3 line got total
+	line=$(grep -E "^$which: [0-9]+ of [0-9]+ tests passed\.$" "$out" | tail -n 1)
+	if [[ -n $line ]]; then
+		read -r got total < <(sed -E 's/.*: ([0-9]+) of ([0-9]+) tests passed\./\1 \2/' <<<"$line")
+	else
+		got=0 total=1
+		tail -n 20 "$out" | sed 's/^/#   /'
+	fi
+	sed -nE "s/^(not )?ok [0-9]+ - (.*)/\1ok - $which: \2/p; /^#   /p" "$out"
+	echo "# ${line:-$which.js: no result} ($((SECONDS - t1)) s)"
+	n=$((n + total)) passed=$((passed + got))
+}
+
 # ---- 3. idempotent() driven directly (conformance/wrapper.js), and the
 # replay cache and the duplicate lines' sampling (conformance/cache.js)
 for which in wrapper cache; do
@@ -183,16 +201,7 @@ for which in wrapper cache; do
 		"${psql[@]}" -d "$db" -c "CREATE EXTENSION idempotency" >>"$out" 2>&1; then
 		(cd "$app" && PGDATABASE=$db timeout 300 node "$which.js") >>"$out" 2>&1
 	fi
-	line=$(grep -E "^$which: [0-9]+ of [0-9]+ tests passed\.$" "$out" | tail -n 1)
-	if [[ -n $line ]]; then
-		read -r got total < <(sed -E 's/.*: ([0-9]+) of ([0-9]+) tests passed\./\1 \2/' <<<"$line")
-	else
-		got=0 total=1
-		tail -n 20 "$out" | sed 's/^/#   /'
-	fi
-	sed -nE "s/^(not )?ok [0-9]+ - (.*)/\1ok - $which: \2/p; /^#   /p" "$out"
-	echo "# ${line:-$which.js: no result} ($((SECONDS - t1)) s)"
-	n=$((n + total)) passed=$((passed + got))
+	count_conformance "$which" "$out" "$t1"
 	"${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
 done
 
@@ -203,16 +212,7 @@ out=$tmp/shards.out
 if make_shard_dbs idem_node >"$out" 2>&1; then
 	(cd "$app" && IDEM_NODE_SHARDS=idem_node timeout 300 node shards.js) >>"$out" 2>&1
 fi
-line=$(grep -E "^shards: [0-9]+ of [0-9]+ tests passed\.$" "$out" | tail -n 1)
-if [[ -n $line ]]; then
-	read -r got total < <(sed -E 's/.*: ([0-9]+) of ([0-9]+) tests passed\./\1 \2/' <<<"$line")
-else
-	got=0 total=1
-	tail -n 20 "$out" | sed 's/^/#   /'
-fi
-sed -nE "s/^(not )?ok [0-9]+ - (.*)/\1ok - shards: \2/p; /^#   /p" "$out"
-echo "# ${line:-shards.js: no result} ($((SECONDS - t1)) s)"
-n=$((n + total)) passed=$((passed + got))
+count_conformance shards "$out" "$t1"
 drop_shard_dbs idem_node
 
 # ---- 5. the sample apps, driven by examples/http_test.py
